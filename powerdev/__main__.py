@@ -1,0 +1,7 @@
+"""`python -m powerdev` is the `powerdev` command."""
+
+import sys
+
+from powerdev.cli import main
+
+sys.exit(main())

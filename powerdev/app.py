@@ -1,0 +1,161 @@
+"""The one supervisor: the root nursery, signals, and the re-registration loop.
+
+For each resource, a loop runs one *registration* per pass: wait for
+kubelet.sock, serve on a fresh socket, Register (retried with backoff), then
+wait until the kubelet restarts (inotify: our socket deleted, kubelet.sock
+created again) or the kubelet's ListAndWatch stream ends. Then the
+registration's nursery is cancelled, which stops the old server and removes
+its socket before the next pass registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from powerdev.config import Config, ResourceConfig
+from powerdev.devices.discovery import discover
+from powerdev.devices.inventory import Inventory
+from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
+from powerdev.kubelet.watch import PluginDirWatch
+from powerdev.plugin import Plugin
+from powerdev.rpc import PluginService, RegisterError, asyncio_door, register, serve
+
+log = logging.getLogger(__name__)
+
+REGISTER_BACKOFF = (0.05, 5.0)  # first and longest wait between Register attempts
+STREAM_END_BACKOFF = (0.1, 5.0)  # between registrations that the kubelet ends quickly
+STABLE_AFTER = 10.0  # a registration that lived this long resets the stream-end backoff
+STREAM_ENDED = "the kubelet's ListAndWatch stream ended"
+
+
+@dataclass(frozen=True)
+class Settings:
+    plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
+    dev_root: Path = Path("/dev")
+    sys_root: Path = Path("/sys")
+
+
+def scan(plugin: Plugin, settings: Settings) -> None:
+    """Discover the resource's devices now and publish them if they changed."""
+    devices = discover(plugin.resource, settings.dev_root, settings.sys_root)
+    if plugin.inventory.publish(devices):
+        log.info("%s: %d devices: %s", plugin.resource.name, len(devices),
+                 _summary([d.path for d in devices]))
+
+
+async def run(settings: Settings, config: Config, *,
+              task_status: trio.TaskStatus[list[Plugin]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve every resource of `config` until cancelled. started() once every
+    resource is serving its socket (so not while the kubelet is absent)."""
+    for warning in config.warnings:
+        log.warning("%s", warning)
+    plugins = [Plugin(r, Inventory()) for r in config.resources]
+    async with asyncio_door(), trio.open_nursery() as nursery:
+        for plugin in plugins:
+            scan(plugin, settings)
+            if plugin.resource.strategy == "time":
+                nursery.start_soon(_rescan_every, plugin, settings)
+        for plugin in plugins:
+            await nursery.start(serve_resource, settings, plugin)
+        task_status.started(plugins)
+
+
+async def serve_resource(settings: Settings, plugin: Plugin, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The re-registration loop for one resource; started() when first serving."""
+    resource = plugin.resource
+    socket_path = settings.plugin_dir / resource.socket
+    stream_end_delay = 0.0
+    while True:
+        with PluginDirWatch(settings.plugin_dir, resource.socket) as watch:
+            if not watch.kubelet_socket.exists():
+                log.info("waiting for the kubelet: %s does not exist yet", watch.kubelet_socket)
+            await watch.wait_for_kubelet()
+            watch.drain()
+            socket_path.unlink(missing_ok=True)
+            service = PluginService(plugin)
+            began = trio.current_time()
+            async with trio.open_nursery() as registration:
+                await registration.start(serve, socket_path, [service])
+                log.info("%s: serving on %s", resource.name, socket_path)
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                registration.start_soon(_register_until_done, watch.kubelet_socket, resource)
+                async def stream_end() -> str:
+                    await service.kubelet_stream_ended.wait()
+                    return STREAM_ENDED
+
+                reason = await _first_of(watch.wait_for_restart, stream_end)
+                registration.cancel_scope.cancel()
+        log.info("%s: %s; serving and registering again", resource.name, reason)
+        if reason == STREAM_ENDED:
+            lived = trio.current_time() - began
+            first, longest = STREAM_END_BACKOFF
+            stream_end_delay = 0.0 if lived >= STABLE_AFTER else min(
+                longest, max(first, stream_end_delay * 2))
+            await trio.sleep(stream_end_delay)
+
+
+async def _register_until_done(kubelet_socket: Path, resource: ResourceConfig) -> None:
+    """Register, retrying with backoff; each change of outcome is logged once."""
+    delay, longest = REGISTER_BACKOFF
+    last_error = None
+    while True:
+        try:
+            await register(kubelet_socket, resource.socket, resource.name)
+        except RegisterError as err:
+            if str(err) != last_error:
+                log.warning("%s: Register failed: %s (retrying with backoff up to %.0fs)",
+                            resource.name, err, longest)
+                last_error = str(err)
+            await trio.sleep(delay)
+            delay = min(longest, delay * 2)
+            continue
+        log.info("%s: registered with the kubelet", resource.name)
+        return
+
+
+async def _first_of(*waiters: Callable[[], Awaitable[str]]) -> str:
+    """Run the waiters together; return what the first to finish returns."""
+    results: list[str] = []
+    async with trio.open_nursery() as nursery:
+        async def one(waiter: Callable[[], Awaitable[str]]) -> None:
+            results.append(await waiter())
+            nursery.cancel_scope.cancel()
+
+        for waiter in waiters:
+            nursery.start_soon(one, waiter)
+    return results[0]
+
+
+async def _rescan_every(plugin: Plugin, settings: Settings) -> None:
+    """discovery-strategy "time": a full rescan every scan-interval, as a safety net."""
+    while True:
+        await trio.sleep(plugin.resource.scan_interval)
+        scan(plugin, settings)
+
+
+async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
+    """Run main until it ends, or until SIGTERM or SIGINT, then unwind cleanly."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("received %s: stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await main()
+            nursery.cancel_scope.cancel()
+
+
+def _summary(names: list[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... and {len(names) - most} more" if len(names) > most else "")

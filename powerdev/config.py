@@ -1,0 +1,262 @@
+"""The seed's config.json, parsed into frozen settings.
+
+Pure functions only: the daemon (app.py) decides when to read the file, and
+the device code (devices/) reads the settings. Every error names the file,
+the field and the fix, because an operator reads it in `kubectl logs`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CONFIG_PATH = "/etc/power-device-plugin/config.json"
+DEFAULT_RESOURCE_NAME = "power-dev-plugin/dev"
+DEFAULT_SOCKET_NAME = "power-dev.csi.ibm.com-reg.sock"
+DEFAULT_SCAN_INTERVAL = 3600.0  # the seed's default for the `time` strategy: 60 minutes
+STRATEGIES = ("default", "time")
+
+KNOWN_FIELDS = (
+    "nx-gzip", "permissions", "include-devices", "exclude-devices",
+    "discovery-strategy", "scan-interval", "upper-limit",
+)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; str() is the one line an operator reads."""
+
+    def __init__(self, source: str, field_name: str | None, problem: str, fix: str) -> None:
+        where = f"{source}: field {field_name!r}" if field_name else source
+        super().__init__(f"{where}: {problem}; {fix}")
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """One extended resource: what to discover and how to grant it."""
+
+    name: str = DEFAULT_RESOURCE_NAME
+    socket: str = DEFAULT_SOCKET_NAME
+    nx_gzip: bool = False
+    permissions: str = "rw"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    strategy: str = "default"
+    scan_interval: float = DEFAULT_SCAN_INTERVAL
+    upper_limit: int = 0  # 0: no limit, one unit per device
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything read from one config file; `resources` is open to more than one."""
+
+    source: str
+    resources: tuple[ResourceConfig, ...]
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+
+# --- small parsers, each testable alone -------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3,
+                 "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration string ("30s", "10m", "1h30m", "1.5h") in seconds.
+
+    Raises ValueError for anything Go's time.ParseDuration would refuse, and
+    for negative durations, which make no sense as a scan interval.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("empty duration")
+    if text == "0":
+        return 0.0
+    if text[0] in "+-":
+        if text[0] == "-":
+            raise ValueError("negative duration")
+        text = text[1:]
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if not m:
+            raise ValueError(f"cannot read {text[pos:]!r}")
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if pos == 0:
+        raise ValueError("no number and unit")
+    return total
+
+
+def normalize_permissions(text: str) -> str:
+    """cgroup device permissions: a non-empty set of r, w, m, any order or case."""
+    letters = text.lower()
+    bad = sorted(set(letters) - set("rwm"))
+    if bad:
+        raise ValueError(f"letters {''.join(bad)!r} are not r, w or m")
+    if len(set(letters)) != len(letters):
+        raise ValueError("a letter is repeated")
+    return "".join(c for c in "rwm" if c in letters)
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why the kubelet would refuse `name` as an extended resource name, or None."""
+    if "/" not in name:
+        return "an extended resource name needs a domain prefix, like vendor.example/dev"
+    prefix, _, rest = name.partition("/")
+    if name.startswith("requests."):
+        return "must not start with 'requests.'"
+    if "kubernetes.io/" in name:
+        return "the kubernetes.io domain is reserved"
+    if not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        return f"prefix {prefix!r} is not a DNS subdomain of at most 253 characters"
+    if not rest or len(rest) > 63 or not _QUALIFIED_NAME.match(rest):
+        return f"name {rest!r} must be 1-63 letters, digits, '-', '_' or '.'"
+    return None
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a glob pattern is unusable (as Go's filepath.Match would say), or None."""
+    if not pattern.startswith("/"):
+        return "patterns are absolute host paths, like /dev/dm-*"
+    depth = 0
+    for ch in pattern:
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+    return "a '[' is never closed" if depth else None
+
+
+# --- the file -----------------------------------------------------------------
+
+def parse_config(
+    text: str,
+    *,
+    source: str,
+    resource_name: str = DEFAULT_RESOURCE_NAME,
+    socket_name: str = DEFAULT_SOCKET_NAME,
+) -> Config:
+    """Parse config.json text. Raises ConfigError naming source, field and fix."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(source, None, f"not valid JSON (line {err.lineno}, column "
+                          f"{err.colno}: {err.msg})", "fix the JSON syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, f"the top level is a JSON {_json_type(data)}",
+                          'write an object such as {"permissions": "rw"}')
+
+    def want(key: str, kind: type | tuple[type, ...], example: str) -> object:
+        value = data[key]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(source, key, f"is a JSON {_json_type(value)}",
+                              f"write it as {example}")
+        return value
+
+    res: dict[str, object] = {}
+    if "nx-gzip" in data:
+        res["nx_gzip"] = want("nx-gzip", bool, "true or false")
+    if "permissions" in data:
+        raw = want("permissions", str, 'a string such as "rw"')
+        if raw.strip():
+            try:
+                res["permissions"] = normalize_permissions(raw.strip())
+            except ValueError as err:
+                raise ConfigError(source, "permissions", f"{raw!r}: {err}",
+                                  'use one or more of r, w, m, such as "rw"') from None
+    for key, attr in (("include-devices", "include"), ("exclude-devices", "exclude")):
+        if key in data:
+            items = want(key, list, '["/dev/dm-*", "/dev/mapper/*"]')
+            patterns = []
+            for i, item in enumerate(items):
+                if not isinstance(item, str):
+                    raise ConfigError(source, f"{key}[{i}]", f"is a JSON {_json_type(item)}",
+                                      'write each pattern as a string, like "/dev/sd*"')
+                if not item.strip():
+                    continue  # the seed drops empty entries too
+                problem = pattern_problem(item.strip())
+                if problem:
+                    raise ConfigError(source, f"{key}[{i}]", f"{item!r}: {problem}",
+                                      "fix or remove the pattern")
+                patterns.append(item.strip())
+            res[attr] = tuple(dict.fromkeys(patterns))
+    if "discovery-strategy" in data:
+        strategy = want("discovery-strategy", str, '"default" or "time"')
+        if strategy not in STRATEGIES:
+            raise ConfigError(source, "discovery-strategy", f"{strategy!r} is not a strategy",
+                              'use "default" (events) or "time" (events plus periodic rescans)')
+        res["strategy"] = strategy
+    if "scan-interval" in data:
+        raw = data["scan-interval"]
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            seconds = raw / 1e9  # Go decodes a bare number into a Duration as nanoseconds
+        else:
+            raw = want("scan-interval", str, 'a duration string such as "30s", "10m" or "2h"')
+            try:
+                seconds = parse_duration(raw)
+            except ValueError as err:
+                raise ConfigError(source, "scan-interval", f"{raw!r}: {err}",
+                                  'write a duration such as "30s", "10m" or "2h"') from None
+        if seconds <= 0:
+            raise ConfigError(source, "scan-interval", f"{raw!r} is not positive",
+                              'write a duration such as "30s", "10m" or "2h"')
+        res["scan_interval"] = seconds
+    if "upper-limit" in data:
+        limit = want("upper-limit", int, "a whole number such as 10 (0 means no limit)")
+        if limit < 0:
+            raise ConfigError(source, "upper-limit", f"{limit} is negative",
+                              "use 0 for no limit or a positive number of pods")
+        res["upper_limit"] = limit
+
+    problem = resource_name_problem(resource_name)
+    if problem:
+        raise ConfigError("--resource-name", None, f"{resource_name!r}: {problem}",
+                          f"use a name such as {DEFAULT_RESOURCE_NAME}")
+    if not socket_name or "/" in socket_name:
+        raise ConfigError("--socket-name", None, f"{socket_name!r} is not a bare file name",
+                          f"use a file name such as {DEFAULT_SOCKET_NAME}")
+    warnings = tuple(
+        f"{source}: field {key!r} is not known and is ignored; known fields: "
+        + ", ".join(KNOWN_FIELDS)
+        for key in data if key not in KNOWN_FIELDS
+    )
+    resource = ResourceConfig(name=resource_name, socket=socket_name, **res)  # type: ignore[arg-type]
+    return Config(source=source, resources=(resource,), warnings=warnings)
+
+
+def load_config(
+    path: str | Path,
+    *,
+    resource_name: str = DEFAULT_RESOURCE_NAME,
+    socket_name: str = DEFAULT_SOCKET_NAME,
+) -> Config:
+    """Read and parse a config file; a missing file means the defaults, as in the seed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+        source = f"{path} (missing: defaults)"
+    except IsADirectoryError:
+        raise ConfigError(str(path), None, "is a directory",
+                          "point --config at the config.json file inside it") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(str(path), None, f"cannot be read ({err})",
+                          "check the file and its permissions") from None
+    else:
+        source = str(path)
+    return parse_config(text, source=source, resource_name=resource_name,
+                        socket_name=socket_name)
+
+
+def _json_type(value: object) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string",
+            list: "array", dict: "object", type(None): "null"}.get(type(value), "value")

@@ -1,0 +1,117 @@
+"""Find the device nodes a resource should advertise.
+
+With include patterns: the existing character and block nodes that match.
+Without: the host's block devices (disks, partitions, dm), as the seed does.
+Plus /dev/crypto/nx-gzip when nx-gzip is on; minus the exclude patterns.
+Patterns are host paths ("/dev/dm-*") matched as Go's filepath.Match does:
+`*` never crosses a "/". The host's /dev may be mounted elsewhere
+(`dev_root`, e.g. /host/dev); reported paths are always host paths.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.model import HOST_DEV, Device, device_id
+
+NX_GZIP = "/dev/crypto/nx-gzip"
+# Memory-backed block devices that are never SAN or local disks. Loop devices
+# are left out of block discovery too; include them with a pattern.
+_VIRTUAL_BLOCK_PREFIXES = ("ram", "loop", "zram")
+
+
+def matches(pattern: str, host_path: str) -> bool:
+    """Go filepath.Match semantics: segment by segment, `*` stays inside one."""
+    pat_parts, path_parts = pattern.split("/"), host_path.split("/")
+    return len(pat_parts) == len(path_parts) and all(
+        fnmatchcase(part, pat) for pat, part in zip(pat_parts, path_parts, strict=True)
+    )
+
+
+def matches_any(patterns: Iterable[str], host_path: str) -> bool:
+    return any(matches(p, host_path) for p in patterns)
+
+
+def to_local(dev_root: Path, host_path: str) -> Path:
+    """Where a host path is visible to us, given the host /dev is at dev_root."""
+    rel = host_path.removeprefix(HOST_DEV).lstrip("/")
+    return dev_root / rel if rel else dev_root
+
+
+def probe(dev_root: Path, host_path: str) -> Device | None:
+    """The device at host_path if it is a character or block node (links followed)."""
+    try:
+        st = os.stat(to_local(dev_root, host_path))
+    except OSError:
+        return None
+    if stat.S_ISBLK(st.st_mode):
+        kind = "b"
+    elif stat.S_ISCHR(st.st_mode):
+        kind = "c"
+    else:
+        return None  # regular file, directory, FIFO, socket: never a device
+    return Device(device_id(host_path), host_path, kind,
+                  os.major(st.st_rdev), os.minor(st.st_rdev))
+
+
+def block_candidates(sys_root: Path) -> list[str]:
+    """Host paths of the block devices the kernel lists: disks, partitions, dm-*."""
+    class_block = sys_root / "class" / "block"
+    try:
+        names = sorted(os.listdir(class_block))
+    except OSError:
+        return []
+    paths = []
+    for name in names:
+        if name.startswith(_VIRTUAL_BLOCK_PREFIXES):
+            continue
+        paths.append(f"{HOST_DEV}/{_devname(class_block / name) or name}")
+    return paths
+
+
+def _devname(sys_dir: Path) -> str | None:
+    """DEVNAME from a sysfs uevent file (the node's name under /dev)."""
+    try:
+        text = (sys_dir / "uevent").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("DEVNAME="):
+            return line.partition("=")[2]
+    return None
+
+
+def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
+    """Host paths under dev_root that match any include pattern."""
+    found: list[str] = []
+    for pattern in patterns:
+        rel_pattern = pattern.removeprefix(HOST_DEV).lstrip("/")
+        for rel in sorted(glob.glob(rel_pattern, root_dir=dev_root)):
+            host = f"{HOST_DEV}/{rel}"
+            if matches(pattern, host):
+                found.append(host)
+    return found
+
+
+def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[Device, ...]:
+    """Every device the resource advertises now, sorted by host path."""
+    if resource.include:
+        candidates = include_candidates(dev_root, resource.include)
+    else:
+        candidates = block_candidates(sys_root)
+    if resource.nx_gzip:
+        candidates.append(NX_GZIP)
+    devices = {}
+    for host_path in candidates:
+        if host_path in devices or matches_any(resource.exclude, host_path):
+            continue
+        device = probe(dev_root, host_path)
+        if device is not None:
+            devices[host_path] = device
+    return tuple(sorted(devices.values(), key=lambda d: d.path))

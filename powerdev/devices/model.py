@@ -1,0 +1,35 @@
+"""A device node as the plugin advertises and grants it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+HOST_DEV = "/dev"
+MAX_ID_LENGTH = 63  # the API documents this bound for Device.ID
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One character or block device node, by its path on the host."""
+
+    id: str
+    path: str  # host path, e.g. /dev/mapper/mpatha; also the path in the container
+    kind: str  # "b" (block) or "c" (character)
+    major: int
+    minor: int
+    healthy: bool = True
+
+
+def device_id(host_path: str) -> str:
+    """A stable ID derived from the host path: /dev/mapper/mpatha -> mapper.mpatha.
+
+    The same node always gets the same ID, across rescans and restarts; IDs
+    over 63 characters keep a readable head and a hash of the whole path.
+    """
+    rel = host_path.removeprefix(HOST_DEV + "/").strip("/")
+    ident = rel.replace("/", ".")
+    if len(ident) > MAX_ID_LENGTH:
+        digest = hashlib.sha256(host_path.encode()).hexdigest()[:12]
+        ident = f"{ident[: MAX_ID_LENGTH - 13]}-{digest}"
+    return ident

@@ -1,0 +1,52 @@
+"""One resource as served: its settings, its inventory, and its answers.
+
+Plain Trio and plain data. The gRPC service (rpc/plugin_service.py) asks
+this object for everything; answers are computed once per inventory version
+and reused by every stream and every Allocate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from powerdev import allocation
+from powerdev.allocation import DeviceGrant, Unit
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory, Snapshot
+
+
+class Plugin:
+    def __init__(self, resource: ResourceConfig, inventory: Inventory) -> None:
+        self.resource = resource
+        self.inventory = inventory
+        self._units_key: tuple[int, int] | None = None
+        self._units: tuple[Unit, ...] = ()
+        self._units_by_id: dict[str, Unit] = {}
+        self._grant_key: tuple[int, str] | None = None
+        self._grant: tuple[DeviceGrant, ...] = ()
+
+    def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
+        """What ListAndWatch advertises for a snapshot (the current one by default)."""
+        snapshot = snapshot or self.inventory.current
+        key = (snapshot.version, self.resource.upper_limit)
+        if key != self._units_key:
+            self._units = allocation.units(snapshot.devices, self.resource.upper_limit)
+            self._units_by_id = {u.id: u for u in self._units}
+            self._units_key = key
+        return self._units
+
+    def allocate(self, requests: Sequence[Sequence[str]]) -> list[tuple[DeviceGrant, ...]]:
+        """One grant per container request; AllocationRefused names a bad ID."""
+        snapshot = self.inventory.current
+        self.units(snapshot)
+        for ids in requests:
+            allocation.check_request(ids, self._units_by_id)
+        key = (snapshot.version, self.resource.permissions)
+        if key != self._grant_key:
+            self._grant = allocation.grant(snapshot.devices, self.resource.permissions)
+            self._grant_key = key
+        return [self._grant for _ in requests]
+
+    def preferred(self, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]) -> list[list[str]]:
+        """GetPreferredAllocation: (available, must_include, size) per container."""
+        return [allocation.preferred(avail, must, size) for avail, must, size in requests]

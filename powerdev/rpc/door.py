@@ -1,0 +1,60 @@
+"""The trio-asyncio loop and a Trio-shaped gRPC server lifetime."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import trio
+import trio_asyncio
+from grpclib.server import Server
+
+log = logging.getLogger(__name__)
+CLOSE_TIMEOUT = 2.0  # seconds a closing server may take to end its calls
+
+
+@contextlib.asynccontextmanager
+async def asyncio_door() -> AsyncIterator[None]:
+    """An asyncio loop for grpclib, unless the caller already runs inside one."""
+    if trio_asyncio.current_loop.get() is not None:
+        yield
+        return
+    async with trio_asyncio.open_loop():
+        yield
+
+
+async def serve(
+    path: Path, handlers: list[object], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve `handlers` on a unix socket at `path` until cancelled.
+
+    started() is called once the socket is bound and listening. On the way
+    out the server is closed (its calls cancelled) and the socket removed,
+    unless someone else has put a new file at that path meanwhile.
+    """
+    server = Server(handlers)
+    await trio_asyncio.aio_as_trio(server.start)(path=str(path))
+    bound = os.stat(path)
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                server.close()
+                await trio_asyncio.aio_as_trio(server.wait_closed)()
+            _remove_if_same(path, bound)
+
+
+def _remove_if_same(path: Path, bound: os.stat_result) -> None:
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino, now.st_ctime_ns) == (bound.st_dev, bound.st_ino, bound.st_ctime_ns):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("could not remove socket %s: %s", path, err)

@@ -1,0 +1,149 @@
+"""The kubelet's half of the API, for the fake kubelet: serve Registration,
+and dial a plugin to call it. Plain data crosses out of this module."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from powerdev._proto.v1beta1 import (
+    AllocateRequest,
+    ContainerAllocateRequest,
+    ContainerPreferredAllocationRequest,
+    DevicePluginStub,
+    Empty,
+    PreferredAllocationRequest,
+    RegisterRequest,
+    RegistrationBase,
+)
+from powerdev.allocation import DeviceGrant
+from powerdev.rpc.door import serve
+
+
+class RegisterRefused(Exception):
+    """Raised by a registration handler; the caller sees gRPC UNKNOWN and this text."""
+
+
+class PluginCallError(Exception):
+    """A call to a plugin failed; `status` is the gRPC status name or 'UNAVAILABLE'."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ContainerGrant:
+    """What a container gets: ContainerAllocateResponse as plain data."""
+
+    devices: tuple[DeviceGrant, ...]
+    envs: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+
+
+OnRegister = Callable[[str, str, str], Awaitable[None]]  # version, endpoint, resource name
+
+
+class _RegistrationService(RegistrationBase):
+    def __init__(self, on_register: OnRegister) -> None:
+        self._on_register = on_register
+
+    async def register(self, register_request: RegisterRequest) -> Empty:
+        try:
+            await trio_asyncio.trio_as_aio(self._on_register)(
+                register_request.version, register_request.endpoint,
+                register_request.resource_name)
+        except RegisterRefused as err:
+            raise GRPCError(Status.UNKNOWN, str(err)) from None
+        return Empty()
+
+
+async def serve_registration(
+    path: Path, on_register: OnRegister, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the Registration service on `path` until cancelled."""
+    await serve(path, [_RegistrationService(on_register)], task_status=task_status)
+
+
+class PluginClient:
+    """A connection to one plugin's socket, as the kubelet holds it."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._channel: Channel | None = None
+
+    def _stub(self) -> DevicePluginStub:
+        if self._channel is None:
+            self._channel = Channel(path=str(self.socket_path))
+        return DevicePluginStub(self._channel)
+
+    async def _call(self, make: Callable[[DevicePluginStub], Awaitable[object]]) -> object:
+        async def call() -> object:
+            return await make(self._stub())
+
+        try:
+            return await trio_asyncio.aio_as_trio(call)()
+        except GRPCError as err:
+            raise PluginCallError(err.status.name, err.message or "") from None
+        except (OSError, StreamTerminatedError, asyncio.TimeoutError) as err:
+            raise PluginCallError("UNAVAILABLE", str(err) or type(err).__name__) from None
+
+    async def options(self, timeout: float = 10.0) -> tuple[bool, bool]:
+        """(pre_start_required, get_preferred_allocation_available)."""
+        opts = await self._call(lambda s: s.get_device_plugin_options(Empty(), timeout=timeout))
+        return opts.pre_start_required, opts.get_preferred_allocation_available  # type: ignore[attr-defined]
+
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerGrant]:
+        """One ContainerGrant per container request, in order."""
+        reply = await self._call(lambda s: s.allocate(AllocateRequest(container_requests=[
+            ContainerAllocateRequest(devices_i_ds=list(ids)) for ids in requests])))
+        return [
+            ContainerGrant(
+                devices=tuple(DeviceGrant(d.host_path, d.container_path, d.permissions)
+                              for d in r.devices),
+                envs=dict(r.envs), annotations=dict(r.annotations),
+                mounts=tuple((m.container_path, m.host_path, m.read_only) for m in r.mounts),
+                cdi_devices=tuple(c.name for c in r.cdi_devices),
+            )
+            for r in reply.container_responses  # type: ignore[attr-defined]
+        ]
+
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str],
+                        size: int) -> list[str]:
+        reply = await self._call(lambda s: s.get_preferred_allocation(PreferredAllocationRequest(
+            container_requests=[ContainerPreferredAllocationRequest(
+                available_device_i_ds=list(available),
+                must_include_device_i_ds=list(must_include), allocation_size=size)])))
+        return list(reply.container_responses[0].device_i_ds)  # type: ignore[attr-defined]
+
+    async def watch(self, on_update: Callable[[list[tuple[str, str]]], None]) -> str:
+        """Run ListAndWatch, calling on_update([(id, health), ...]) for every
+        message, until the stream ends; returns why it ended."""
+
+        async def pump() -> str:
+            async for reply in self._stub().list_and_watch(Empty()):
+                on_update([(d.id, d.health) for d in reply.devices])
+            return "the plugin closed the stream"
+
+        try:
+            return await trio_asyncio.aio_as_trio(pump)()
+        except GRPCError as err:
+            return f"rpc error: {err.status.name}: {err.message}"
+        except (OSError, StreamTerminatedError) as err:
+            return f"rpc error: UNAVAILABLE: {err or type(err).__name__}"
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None

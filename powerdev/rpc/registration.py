@@ -1,0 +1,44 @@
+"""The plugin's one call to the kubelet: Register."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from powerdev._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
+
+API_VERSION = "v1beta1"
+REGISTER_TIMEOUT = 30.0  # the kubelet dials us for up to 10 s before it answers
+
+
+class RegisterError(Exception):
+    """Register did not succeed; str() says why, in one line."""
+
+
+async def register(kubelet_socket: Path, endpoint: str, resource_name: str,
+                   options: DevicePluginOptions | None = None) -> None:
+    """Register `resource_name`, served at `endpoint` (a file name), with the kubelet."""
+
+    async def call() -> None:
+        channel = Channel(path=str(kubelet_socket))
+        try:
+            await RegistrationStub(channel).register(
+                RegisterRequest(version=API_VERSION, endpoint=endpoint,
+                                resource_name=resource_name,
+                                options=options or DevicePluginOptions()),
+                timeout=REGISTER_TIMEOUT,
+            )
+        finally:
+            channel.close()
+
+    try:
+        await trio_asyncio.aio_as_trio(call)()
+    except GRPCError as err:
+        raise RegisterError(f"the kubelet refused: {err.message or err.status.name}") from None
+    except (OSError, StreamTerminatedError, asyncio.TimeoutError) as err:
+        raise RegisterError(f"cannot reach the kubelet at {kubelet_socket}: "
+                            f"{err or type(err).__name__}") from None

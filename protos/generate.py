@@ -1,0 +1,67 @@
+"""Regenerate powerdev/_proto from the .proto files in protos/.
+
+    python protos/generate.py           write the generated code
+    python protos/generate.py --check   exit 1 when the committed code is stale
+
+Needs the test extras (grpcio-tools, betterproto[compiler], pinned black and
+isort), so that the same input always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROTOS = Path(__file__).resolve().parent
+OUTPUT = PROTOS.parent / "powerdev" / "_proto"
+SOURCES = sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto"))
+
+
+def generate(dest: Path) -> None:
+    """Run protoc with the betterproto plugin from this interpreter's environment."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}",
+         f"--python_betterproto_out={dest}", *SOURCES],
+        env=env, cwd=PROTOS, capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        sys.exit(f"protoc failed:\n{done.stderr}")
+
+
+def stale_files(fresh: Path, committed: Path) -> list[str]:
+    """Names of the files that differ between two generated trees."""
+    names = {p.relative_to(fresh) for p in fresh.rglob("*.py")}
+    names |= {p.relative_to(committed) for p in committed.rglob("*.py")}
+    return sorted(
+        str(n) for n in names
+        if not (fresh / n).exists() or not (committed / n).exists()
+        or not filecmp.cmp(fresh / n, committed / n, shallow=False)
+    )
+
+
+def main(argv: list[str]) -> int:
+    if argv not in ([], ["--check"]):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv == ["--check"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(Path(tmp))
+            stale = stale_files(Path(tmp), OUTPUT)
+        if stale:
+            print(f"stale generated code in {OUTPUT}: {', '.join(stale)}; "
+                  "run `python protos/generate.py` and commit the result", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    generate(OUTPUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
