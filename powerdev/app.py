@@ -22,14 +22,14 @@ from powerdev.config import Config, ResourceConfig
 from powerdev.devices.discovery import discover
 from powerdev.devices.inventory import Inventory
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
-from powerdev.kubelet.watch import PluginDirWatch
+from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
 from powerdev.plugin import Plugin
 from powerdev.rpc import PluginService, RegisterError, asyncio_door, register, serve
 
 log = logging.getLogger(__name__)
 
 REGISTER_BACKOFF = (0.05, 5.0)  # first and longest wait between Register attempts
-STREAM_END_BACKOFF = (0.1, 5.0)  # between registrations that the kubelet ends quickly
+STREAM_END_BACKOFF = (0.1, 5.0)  # before Register, after repeated quick stream ends
 STABLE_AFTER = 10.0  # a registration that lived this long resets the stream-end backoff
 STREAM_ENDED = "the kubelet's ListAndWatch stream ended"
 
@@ -69,41 +69,63 @@ async def run(settings: Settings, config: Config, *,
 async def serve_resource(settings: Settings, plugin: Plugin, *,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """The re-registration loop for one resource; started() when first serving."""
+
+    def serving() -> None:
+        nonlocal task_status
+        task_status.started()
+        task_status = trio.TASK_STATUS_IGNORED
+
+    while True:
+        try:
+            with PluginDirWatch(settings.plugin_dir, plugin.resource.socket) as watch:
+                await _registrations(settings, plugin, watch, serving)
+        except* DirectoryGone as group:
+            log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
+
+
+async def _registrations(settings: Settings, plugin: Plugin, watch: PluginDirWatch,
+                         serving: Callable[[], None]) -> None:
+    """One registration per pass: serve, Register, wait for a reason to redo it."""
     resource = plugin.resource
     socket_path = settings.plugin_dir / resource.socket
-    stream_end_delay = 0.0
+    quick_ends = 0  # registrations in a row whose stream the kubelet ended quickly
     while True:
-        with PluginDirWatch(settings.plugin_dir, resource.socket) as watch:
-            if not watch.kubelet_socket.exists():
-                log.info("waiting for the kubelet: %s does not exist yet", watch.kubelet_socket)
-            await watch.wait_for_kubelet()
-            watch.drain()
-            socket_path.unlink(missing_ok=True)
-            service = PluginService(plugin)
-            began = trio.current_time()
-            async with trio.open_nursery() as registration:
-                await registration.start(serve, socket_path, [service])
-                log.info("%s: serving on %s", resource.name, socket_path)
-                task_status.started()
-                task_status = trio.TASK_STATUS_IGNORED
-                registration.start_soon(_register_until_done, watch.kubelet_socket, resource)
-                async def stream_end() -> str:
-                    await service.kubelet_stream_ended.wait()
-                    return STREAM_ENDED
+        if not watch.kubelet_socket.exists():
+            log.info("waiting for the kubelet: %s does not exist yet", watch.kubelet_socket)
+        socket_path.unlink(missing_ok=True)
+        new_kubelet = await watch.wait_for_kubelet()
+        service = PluginService(plugin)
+        began = trio.current_time()
+        # A kubelet that keeps ending our stream (say, another plugin took the
+        # resource) gets Register with backoff; a kubelet that started anew, at once.
+        delay = 0.0 if new_kubelet else _stream_end_delay(quick_ends)
+        async with trio.open_nursery() as registration:
+            await registration.start(serve, socket_path, [service])
+            log.info("%s: serving on %s", resource.name, socket_path)
+            serving()
+            registration.start_soon(_register_until_done, watch.kubelet_socket, resource, delay)
 
-                reason = await _first_of(watch.wait_for_restart, stream_end)
-                registration.cancel_scope.cancel()
+            async def stream_end() -> str:
+                await service.kubelet_stream_ended.wait()
+                return STREAM_ENDED
+
+            reason = await _first_of(watch.wait_for_restart, stream_end)
+            registration.cancel_scope.cancel()
         log.info("%s: %s; serving and registering again", resource.name, reason)
-        if reason == STREAM_ENDED:
-            lived = trio.current_time() - began
-            first, longest = STREAM_END_BACKOFF
-            stream_end_delay = 0.0 if lived >= STABLE_AFTER else min(
-                longest, max(first, stream_end_delay * 2))
-            await trio.sleep(stream_end_delay)
+        quick = trio.current_time() - began < STABLE_AFTER
+        quick_ends = quick_ends + 1 if reason == STREAM_ENDED and quick and not new_kubelet else 0
 
 
-async def _register_until_done(kubelet_socket: Path, resource: ResourceConfig) -> None:
+def _stream_end_delay(quick_ends: int) -> float:
+    """No wait after one quick stream end; then doubling, up to a bound."""
+    first, longest = STREAM_END_BACKOFF
+    return 0.0 if quick_ends < 2 else min(longest, first * 2 ** (quick_ends - 2))
+
+
+async def _register_until_done(kubelet_socket: Path, resource: ResourceConfig,
+                               first_delay: float = 0.0) -> None:
     """Register, retrying with backoff; each change of outcome is logged once."""
+    await trio.sleep(first_delay)
     delay, longest = REGISTER_BACKOFF
     last_error = None
     while True:

@@ -108,21 +108,23 @@ class FakeKubelet:
             first = True
             while True:
                 self._clean_directory()
-                async with trio.open_nursery() as life:
-                    self._streams = life
-                    await life.start(serve_registration, self.plugin_dir / KUBELET_SOCKET,
-                                     self._register)
-                    self._serving.set()
-                    if first:
-                        task_status.started()
-                        first = False
-                    else:
-                        self._note(Event("restarted", ""))
-                    await self._restart_requested.wait()
-                    self._serving = trio.Event()
-                    self._restart_requested = trio.Event()
-                    life.cancel_scope.cancel()
-                self._drop_all_clients()
+                try:
+                    async with trio.open_nursery() as life:
+                        self._streams = life
+                        await life.start(serve_registration, self.plugin_dir / KUBELET_SOCKET,
+                                         self._register)
+                        self._serving.set()
+                        if first:
+                            task_status.started()
+                            first = False
+                        else:
+                            self._note(Event("restarted", ""))
+                        await self._restart_requested.wait()
+                        self._serving = trio.Event()
+                        self._restart_requested = trio.Event()
+                        life.cancel_scope.cancel()
+                finally:
+                    self._drop_all_clients()
 
     async def restart(self) -> None:
         """Stop, as a kubelet restart does (its plugin connections end), delete
@@ -219,3 +221,10 @@ class FakeKubelet:
 
     def client(self, resource: str) -> PluginClient:
         return self._clients[resource][0]
+
+    def end_stream(self, resource: str) -> None:
+        """End the resource's ListAndWatch from the kubelet's side, as a
+        broken connection would; the kubelet then never redials."""
+        client, scope = self._clients.pop(resource)
+        scope.cancel()
+        client.close()

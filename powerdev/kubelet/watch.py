@@ -1,8 +1,8 @@
 """Notice, by inotify events and never by polling, when the kubelet restarts.
 
-A watch belongs to one registration: it is opened before the plugin binds its
-socket, so nothing that happens after that is missed, and events are compared
-by name, never by inode (a new file may get the old inode number).
+One watch lasts across registrations, so that no event falls into the gap
+between one registration and the next. Events are compared by name, never by
+inode (a new file may get the old inode number).
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ _MASK = F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.DELETE_SELF | F.MOVE
 _GONE = F.DELETE | F.MOVED_FROM
 _NEW = F.CREATE | F.MOVED_TO
 _DIR_GONE = F.DELETE_SELF | F.MOVE_SELF | F.IGNORED
+
+
+class DirectoryGone(Exception):
+    """The watched directory was removed or moved; the watch is over."""
 
 
 class PluginDirWatch:
@@ -47,23 +51,27 @@ class PluginDirWatch:
         await trio.lowlevel.wait_readable(self._inotify.fileno())
         return self._inotify.read(timeout=0)
 
-    def drain(self) -> None:
-        """Forget events already queued: they describe the past we have just checked."""
-        self._inotify.read(timeout=0)
+    def _kubelet_created(self, events: list) -> bool:
+        for event in events:
+            if event.mask & _DIR_GONE:
+                raise DirectoryGone(f"{self.plugin_dir} was removed")
+        return any(e.name == KUBELET_SOCKET and e.mask & _NEW for e in events)
 
-    async def wait_for_kubelet(self) -> None:
-        """Return once kubelet.sock exists (at once if it does)."""
+    async def wait_for_kubelet(self) -> bool:
+        """Return once kubelet.sock exists. True when it was created since the
+        watch last looked (a kubelet that started anew); events about our own
+        socket up to now are dropped, as they describe a registration that is over."""
+        created = False
         while not self.kubelet_socket.exists():
-            for event in await self._events():
-                if event.mask & _DIR_GONE:
-                    raise FileNotFoundError(f"{self.plugin_dir} was removed")
+            created |= self._kubelet_created(await self._events())
+        return self._kubelet_created(self._inotify.read(timeout=0)) or created
 
     async def wait_for_restart(self) -> str:
         """Return, with the reason, when our socket goes or kubelet.sock is made anew."""
         while True:
             for event in await self._events():
                 if event.mask & _DIR_GONE:
-                    return f"{self.plugin_dir} was removed"
+                    raise DirectoryGone(f"{self.plugin_dir} was removed")
                 if event.name == self.socket_name and event.mask & _GONE:
                     return f"our socket {self.socket_name} was removed"
                 if event.name == KUBELET_SOCKET and event.mask & _NEW:

@@ -1,0 +1,83 @@
+"""Shared helpers: temp device trees and a daemon-plus-fake-kubelet harness."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev import app
+from powerdev.config import Config, ResourceConfig, parse_config
+from powerdev.kubelet.fake import FakeKubelet
+from powerdev.plugin import Plugin
+from powerdev.rpc import asyncio_door
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
+
+
+def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
+    """A /dev stand-in whose entries are links to a real character device,
+    so that tests without root still see real device nodes."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    return root
+
+
+def config_for(text: str = "{}", **overrides: object) -> Config:
+    config = parse_config(text, source="test-config.json")
+    if overrides:
+        resource = ResourceConfig(**{**config.resources[0].__dict__, **overrides})
+        config = Config(config.source, (resource,), config.warnings)
+    return config
+
+
+@dataclass
+class Harness:
+    kubelet: FakeKubelet
+    plugins: list[Plugin]
+    settings: app.Settings
+    nursery: trio.Nursery
+
+    @property
+    def plugin(self) -> Plugin:
+        return self.plugins[0]
+
+    @property
+    def name(self) -> str:
+        return self.plugin.resource.name
+
+    def state(self):
+        return self.kubelet.resources[self.name]
+
+    async def wait_registered(self, count: int = 1) -> None:
+        """Until the kubelet has `count` registrations and a first list on the latest."""
+        name = self.name
+        await self.kubelet.wait_until(
+            lambda k: k.registrations >= count and name in k.resources
+            and k.resources[name].connected and k.resources[name].updates > 0)
+
+
+@contextlib.asynccontextmanager
+async def daemon_and_kubelet(tmp_path: Path, config: Config, *, dev_root: Path,
+                             sys_root: Path | None = None) -> AsyncIterator[Harness]:
+    """A fake kubelet and the daemon, in-process, over real unix sockets."""
+    plugin_dir = tmp_path / "device-plugins"
+    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev_root,
+                            sys_root=sys_root or tmp_path / "sys")
+    async with asyncio_door(), trio.open_nursery() as nursery:
+        kubelet = FakeKubelet(plugin_dir)
+        await nursery.start(kubelet.run)
+        plugins = await nursery.start(app.run, settings, config)
+        harness = Harness(kubelet, plugins, settings, nursery)
+        await harness.wait_registered()
+        yield harness
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,180 @@
+"""The daemon against the fake kubelet, in-process, over real unix sockets."""
+
+import os
+import shutil
+import stat
+
+import pytest
+import trio
+
+from powerdev import app
+from powerdev.kubelet.fake import FakeKubelet
+from powerdev.kubelet.paths import KUBELET_SOCKET
+from powerdev.rpc import PluginClient, asyncio_door
+from powerdev.rpc.kubelet_side import PluginCallError
+from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
+
+LIMIT = 10  # seconds; every wait below is on an event, this only bounds a hang
+
+INCLUDE = '{"include-devices": ["/dev/dm-*", "/dev/mapper/*"], "permissions": "rw"}'
+
+
+@pytest.fixture
+def dev(tmp_path):
+    return make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "mapper/mpatha", "sda"])
+
+
+async def test_registers_and_lists_every_device(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            state = h.state()
+            assert state.endpoint == "power-dev.csi.ibm.com-reg.sock"
+            assert state.options == (False, False)
+            assert state.devices == {"dm-0": "Healthy", "dm-1": "Healthy",
+                                     "mapper.mpatha": "Healthy"}
+            assert (state.capacity, state.allocatable) == (3, 3)
+            sock = h.settings.plugin_dir / state.endpoint
+            assert stat.S_ISSOCK(os.stat(sock).st_mode)
+
+
+async def test_a_change_reaches_the_kubelet_as_a_whole_list(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            (dev / "dm-7").symlink_to("/dev/null")
+            (dev / "dm-0").unlink()
+            app.scan(h.plugin, h.settings)
+            await h.kubelet.wait_until(lambda k: "dm-7" in h.state().devices)
+            assert sorted(h.state().devices) == ["dm-1", "dm-7", "mapper.mpatha"]
+            assert h.state().updates == 2
+
+
+async def test_allocate_grants_every_device_with_the_configured_permissions(tmp_path, dev):
+    config = config_for('{"include-devices": ["/dev/dm-*"], "permissions": "MR"}')
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            grant = await h.kubelet.allocate(h.name, ["dm-1"])
+            assert [(d.host_path, d.container_path, d.permissions) for d in grant.devices] == [
+                ("/dev/dm-0", "/dev/dm-0", "rm"), ("/dev/dm-1", "/dev/dm-1", "rm")]
+            assert (grant.envs, grant.mounts, grant.annotations) == ({}, (), {})
+            several = await h.kubelet.allocate_containers(h.name, [["dm-0"], ["dm-1"], ["dm-0"]])
+            assert len(several) == 3 and all(g == grant for g in several)
+
+
+async def test_bad_ids_get_invalid_argument_and_the_daemon_keeps_serving(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            for ids in (["no-such-disk"], ["dm-0", "sdx"], ["\x00\uffff" * 3]):
+                with pytest.raises(PluginCallError) as err:
+                    await h.kubelet.allocate(h.name, ids)
+                assert err.value.status == "INVALID_ARGUMENT"
+                assert "unknown device ID" in err.value.message
+            assert "'no-such-disk'" in str(
+                await _refusal(h.kubelet.allocate(h.name, ["no-such-disk"])))
+            grant = await h.kubelet.allocate(h.name, ["dm-0"])
+            assert len(grant.devices) == 3
+            assert h.state().connected
+
+
+async def _refusal(call):
+    try:
+        await call
+    except PluginCallError as err:
+        return err
+    raise AssertionError("the call was not refused")
+
+
+async def test_two_streams_both_get_every_update(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            seen: list[list[str]] = []
+            got = trio.Event()
+
+            def on_update(devices):
+                seen.append(sorted(i for i, _ in devices))
+                if len(seen) == 2:
+                    got.set()
+
+            other = PluginClient(h.settings.plugin_dir / h.plugin.resource.socket)
+            h.nursery.start_soon(other.watch, on_update)
+            await h.kubelet.wait_until(lambda k: True)
+            (dev / "dm-9").symlink_to("/dev/null")
+            while not seen:  # the second stream's first list comes at once
+                await trio.sleep(0)
+            app.scan(h.plugin, h.settings)
+            await got.wait()
+            await h.kubelet.wait_until(lambda k: "dm-9" in h.state().devices)
+            assert seen[1] == sorted(h.state().devices) == ["dm-0", "dm-1", "dm-9", "mapper.mpatha"]
+            other.close()
+
+
+async def test_survives_several_kubelet_restarts(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            for n in range(2, 7):
+                await h.kubelet.restart()
+                await h.wait_registered(n)
+                assert h.state().capacity == 3
+                assert len((await h.kubelet.allocate(h.name, ["dm-0"])).devices) == 3
+            assert h.kubelet.restarts == 5
+
+
+async def test_registers_again_when_the_kubelets_stream_ends(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            h.kubelet.end_stream(h.name)
+            await h.kubelet.wait_until(lambda k: h.state().ended_reason is not None)
+            assert h.state().allocatable == 0  # as the real kubelet: unhealthy until re-registered
+            await h.wait_registered(2)
+            assert h.state().allocatable == 3
+
+
+async def test_serves_again_when_its_socket_is_deleted(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            (h.settings.plugin_dir / h.plugin.resource.socket).unlink()
+            await h.wait_registered(2)
+            assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()
+
+
+async def test_waits_for_an_absent_kubelet(tmp_path, dev):
+    plugin_dir = tmp_path / "device-plugins"
+    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            nursery.start_soon(app.run, settings, config_for(INCLUDE))
+            await trio.testing.wait_all_tasks_blocked()
+            assert not (plugin_dir / KUBELET_SOCKET).exists()
+            assert list(plugin_dir.iterdir()) == []  # nothing served before the kubelet is up
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            await kubelet.wait_until(lambda k: k.registrations == 1
+                                     and k.resources["power-dev-plugin/dev"].updates == 1)
+            assert kubelet.resources["power-dev-plugin/dev"].capacity == 3
+            nursery.cancel_scope.cancel()
+
+
+async def test_upper_limit_advertises_shares(tmp_path, dev):
+    config = config_for('{"include-devices": ["/dev/dm-*"], "upper-limit": 4}')
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            assert sorted(h.state().devices) == ["share-1", "share-2", "share-3", "share-4"]
+            assert h.state().allocatable == 4
+            grant = await h.kubelet.allocate(h.name, ["share-3"])
+            assert [d.host_path for d in grant.devices] == ["/dev/dm-0", "/dev/dm-1"]
+
+
+async def test_stopping_removes_the_socket(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            sock = h.settings.plugin_dir / h.plugin.resource.socket
+            assert sock.exists()
+        assert not sock.exists()
+
+
+async def test_a_removed_plugin_dir_is_watched_again(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            await trio.to_thread.run_sync(shutil.rmtree, h.settings.plugin_dir)
+            await h.kubelet.restart()  # a kubelet makes the directory again as it starts
+            await h.wait_registered(2)
+            assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()

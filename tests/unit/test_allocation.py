@@ -1,0 +1,99 @@
+"""Advertised units, Allocate answers and preferences: tables of cases."""
+
+import pytest
+
+from powerdev.allocation import (
+    AllocationRefused,
+    DeviceGrant,
+    Unit,
+    check_request,
+    grant,
+    preferred,
+    units,
+)
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
+from powerdev.plugin import Plugin
+
+A = Device("sda", "/dev/sda", "b", 8, 0)
+B = Device("mapper.mpatha", "/dev/mapper/mpatha", "b", 253, 0)
+GONE = Device("sdz", "/dev/sdz", "b", 8, 400, healthy=False)
+
+
+@pytest.mark.parametrize(("devices", "limit", "expected"), [
+    ((), 0, ()),
+    ((A, B), 0, (Unit("sda", True), Unit("mapper.mpatha", True))),
+    ((A, GONE), 0, (Unit("sda", True), Unit("sdz", False))),
+    ((A, B), 3, (Unit("share-1", True), Unit("share-2", True), Unit("share-3", True))),
+    ((GONE,), 2, (Unit("share-1", False), Unit("share-2", False))),
+    ((), 1, (Unit("share-1", False),)),
+])
+def test_units(devices, limit, expected):
+    assert units(devices, limit) == expected
+
+
+@pytest.mark.parametrize(("ids", "error"), [
+    (["sda"], None),
+    ([], None),
+    (["sda", "mapper.mpatha"], None),
+    (["nope"], "unknown device ID 'nope'"),
+    (["sda", "sdz"], "device ID 'sdz' is Unhealthy"),
+    (["x" * 5000], "unknown device ID 'xxxx"),
+])
+def test_check_request(ids, error):
+    advertised = {u.id: u for u in units((A, B, GONE), 0)}
+    if error is None:
+        check_request(ids, advertised)
+    else:
+        with pytest.raises(AllocationRefused, match=error) as err:
+            check_request(ids, advertised)
+        assert len(str(err.value)) < 300
+
+
+def test_grant_gives_every_healthy_device_at_its_host_path():
+    assert grant((A, GONE, B), "rw") == (
+        DeviceGrant("/dev/sda", "/dev/sda", "rw"),
+        DeviceGrant("/dev/mapper/mpatha", "/dev/mapper/mpatha", "rw"))
+
+
+@pytest.mark.parametrize(("available", "must", "size", "expected"), [
+    (["a", "b", "c"], [], 2, ["a", "b"]),
+    (["a", "b", "c"], ["c"], 2, ["c", "a"]),
+    (["a", "b"], ["b", "b"], 1, ["b"]),
+    ([], [], 3, []),
+    (["a"], [], 0, []),
+])
+def test_preferred(available, must, size, expected):
+    assert preferred(available, must, size) == expected
+
+
+def test_plugin_answers_every_container_and_caches_per_version():
+    plugin = Plugin(ResourceConfig(permissions="r"), Inventory((A, B)))
+    first = plugin.allocate([["sda"], ["mapper.mpatha"]])
+    assert len(first) == 2 and first[0] == first[1]
+    assert [g.permissions for g in first[0]] == ["r", "r"]
+    assert plugin.allocate([["sda"]])[0] is first[0]  # same version: the same answer object
+    plugin.inventory.publish((A,))
+    assert plugin.allocate([["sda"]])[0] == (DeviceGrant("/dev/sda", "/dev/sda", "r"),)
+    with pytest.raises(AllocationRefused, match="unknown device ID 'mapper.mpatha'"):
+        plugin.allocate([["mapper.mpatha"]])
+
+
+def test_upper_limit_units_grant_every_device():
+    plugin = Plugin(ResourceConfig(upper_limit=2), Inventory((A, B)))
+    assert [u.id for u in plugin.units()] == ["share-1", "share-2"]
+    assert [g.host_path for g in plugin.allocate([["share-2"]])[0]] == [
+        "/dev/sda", "/dev/mapper/mpatha"]
+    with pytest.raises(AllocationRefused, match="unknown device ID 'share-3'"):
+        plugin.allocate([["share-3"]])
+
+
+async def test_inventory_versions_and_waiting():
+    inventory = Inventory((A,))
+    assert inventory.current.version == 1
+    assert inventory.publish((A,)) is False  # same list: no new version
+    assert (await inventory.wait_newer(0)).devices == (A,)
+    assert inventory.publish((A, B)) is True
+    snapshot = await inventory.wait_newer(1)
+    assert (snapshot.version, snapshot.by_id["mapper.mpatha"]) == (2, B)
