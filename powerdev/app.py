@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -45,12 +46,20 @@ def scan(plugin: Plugin, settings: Settings) -> None:
     """Discover the resource's devices now and publish them if they changed."""
     devices = discover(plugin.resource, settings.dev_root, settings.sys_root)
     if plugin.inventory.publish(devices):
-        log.info("%s: %d devices: %s", plugin.resource.name, len(devices),
-                 _summary([d.path for d in devices]))
+        log.info(
+            "%s: %d devices: %s",
+            plugin.resource.name,
+            len(devices),
+            _summary([d.path for d in devices]),
+        )
 
 
-async def run(settings: Settings, config: Config, *,
-              task_status: trio.TaskStatus[list[Plugin]] = trio.TASK_STATUS_IGNORED) -> None:
+async def run(
+    settings: Settings,
+    config: Config,
+    *,
+    task_status: trio.TaskStatus[list[Plugin]] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve every resource of `config` until cancelled. started() once every
     resource is serving its socket (so not while the kubelet is absent)."""
     for warning in config.warnings:
@@ -66,8 +75,12 @@ async def run(settings: Settings, config: Config, *,
         task_status.started(plugins)
 
 
-async def serve_resource(settings: Settings, plugin: Plugin, *,
-                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_resource(
+    settings: Settings,
+    plugin: Plugin,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """The re-registration loop for one resource; started() when first serving."""
 
     def serving() -> None:
@@ -83,8 +96,9 @@ async def serve_resource(settings: Settings, plugin: Plugin, *,
             log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
 
 
-async def _registrations(settings: Settings, plugin: Plugin, watch: PluginDirWatch,
-                         serving: Callable[[], None]) -> None:
+async def _registrations(
+    settings: Settings, plugin: Plugin, watch: PluginDirWatch, serving: Callable[[], None]
+) -> None:
     """One registration per pass: serve, Register, wait for a reason to redo it."""
     resource = plugin.resource
     socket_path = settings.plugin_dir / resource.socket
@@ -105,15 +119,16 @@ async def _registrations(settings: Settings, plugin: Plugin, watch: PluginDirWat
             serving()
             registration.start_soon(_register_until_done, watch.kubelet_socket, resource, delay)
 
-            async def stream_end() -> str:
-                await service.kubelet_stream_ended.wait()
-                return STREAM_ENDED
-
-            reason = await _first_of(watch.wait_for_restart, stream_end)
+            reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
             registration.cancel_scope.cancel()
         log.info("%s: %s; serving and registering again", resource.name, reason)
         quick = trio.current_time() - began < STABLE_AFTER
         quick_ends = quick_ends + 1 if reason == STREAM_ENDED and quick and not new_kubelet else 0
+
+
+async def _stream_end(service: PluginService) -> str:
+    await service.kubelet_stream_ended.wait()
+    return STREAM_ENDED
 
 
 def _stream_end_delay(quick_ends: int) -> float:
@@ -122,8 +137,9 @@ def _stream_end_delay(quick_ends: int) -> float:
     return 0.0 if quick_ends < 2 else min(longest, first * 2 ** (quick_ends - 2))
 
 
-async def _register_until_done(kubelet_socket: Path, resource: ResourceConfig,
-                               first_delay: float = 0.0) -> None:
+async def _register_until_done(
+    kubelet_socket: Path, resource: ResourceConfig, first_delay: float = 0.0
+) -> None:
     """Register, retrying with backoff; each change of outcome is logged once."""
     await trio.sleep(first_delay)
     delay, longest = REGISTER_BACKOFF
@@ -133,8 +149,12 @@ async def _register_until_done(kubelet_socket: Path, resource: ResourceConfig,
             await register(kubelet_socket, resource.socket, resource.name)
         except RegisterError as err:
             if str(err) != last_error:
-                log.warning("%s: Register failed: %s (retrying with backoff up to %.0fs)",
-                            resource.name, err, longest)
+                log.warning(
+                    "%s: Register failed: %s (retrying with backoff up to %.0fs)",
+                    resource.name,
+                    err,
+                    longest,
+                )
                 last_error = str(err)
             await trio.sleep(delay)
             delay = min(longest, delay * 2)
@@ -147,6 +167,7 @@ async def _first_of(*waiters: Callable[[], Awaitable[str]]) -> str:
     """Run the waiters together; return what the first to finish returns."""
     results: list[str] = []
     async with trio.open_nursery() as nursery:
+
         async def one(waiter: Callable[[], Awaitable[str]]) -> None:
             results.append(await waiter())
             nursery.cancel_scope.cancel()
@@ -167,6 +188,7 @@ async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
     """Run main until it ends, or until SIGTERM or SIGINT, then unwind cleanly."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
+
             async def stop_on_signal() -> None:
                 async for signum in signals:
                     log.info("received %s: stopping", signal.Signals(signum).name)

@@ -30,38 +30,68 @@ def _env(name: str, default: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="powerdev", description="A Kubernetes device plugin for host device nodes.")
+        prog="powerdev", description="A Kubernetes device plugin for host device nodes."
+    )
     parser.add_argument("--version", action="version", version=f"powerdev {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--log-level", choices=LOG_LEVELS, default=_env("LOG_LEVEL", "info"),
-                       help="log verbosity [env POWERDEV_LOG_LEVEL; default info]")
-        p.add_argument("--resource-name", default=_env("RESOURCE_NAME", DEFAULT_RESOURCE_NAME),
-                       help="extended resource to advertise [env POWERDEV_RESOURCE_NAME; "
-                            f"default {DEFAULT_RESOURCE_NAME}]")
-        p.add_argument("--socket-name", default=_env("SOCKET_NAME", DEFAULT_SOCKET_NAME),
-                       help="file name of our socket in the plugin dir [env POWERDEV_SOCKET_NAME; "
-                            f"default {DEFAULT_SOCKET_NAME}]")
-        p.add_argument("--dev-root", type=Path, default=Path(_env("DEV_ROOT", "/dev")),
-                       help="where the host's /dev is visible, e.g. /host/dev; reported paths "
-                            "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]")
-        p.add_argument("--sys-root", type=Path, default=Path(_env("SYS_ROOT", "/sys")),
-                       help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]")
+        p.add_argument(
+            "--log-level",
+            choices=LOG_LEVELS,
+            default=_env("LOG_LEVEL", "info"),
+            help="log verbosity [env POWERDEV_LOG_LEVEL; default info]",
+        )
+        p.add_argument(
+            "--resource-name",
+            default=_env("RESOURCE_NAME", DEFAULT_RESOURCE_NAME),
+            help="extended resource to advertise [env POWERDEV_RESOURCE_NAME; "
+            f"default {DEFAULT_RESOURCE_NAME}]",
+        )
+        p.add_argument(
+            "--socket-name",
+            default=_env("SOCKET_NAME", DEFAULT_SOCKET_NAME),
+            help="file name of our socket in the plugin dir [env POWERDEV_SOCKET_NAME; "
+            f"default {DEFAULT_SOCKET_NAME}]",
+        )
+        p.add_argument(
+            "--dev-root",
+            type=Path,
+            default=Path(_env("DEV_ROOT", "/dev")),
+            help="where the host's /dev is visible, e.g. /host/dev; reported paths "
+            "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
+        )
+        p.add_argument(
+            "--sys-root",
+            type=Path,
+            default=Path(_env("SYS_ROOT", "/sys")),
+            help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
+        )
 
     run = sub.add_parser("run", help="run the device plugin daemon (what the DaemonSet runs)")
-    run.add_argument("--plugin-dir", type=Path, default=Path(_env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
-                     help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
-                          f"default {DEFAULT_PLUGIN_DIR}]")
-    run.add_argument("--config", type=Path, default=Path(_env("CONFIG", DEFAULT_CONFIG_PATH)),
-                     help="config.json in the seed's format; a missing file means defaults "
-                          f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]")
+    run.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path(_env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
+        help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
+        f"default {DEFAULT_PLUGIN_DIR}]",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=Path(_env("CONFIG", DEFAULT_CONFIG_PATH)),
+        help="config.json in the seed's format; a missing file means defaults "
+        f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
     common(run)
 
-    local = sub.add_parser("local", help="run the daemon against a fake kubelet in a temp dir "
-                                         "and print what the kubelet sees")
-    local.add_argument("--config", type=Path, default=None,
-                       help="use this config.json instead of the demo one")
+    local = sub.add_parser(
+        "local",
+        help="run the daemon against a fake kubelet in a temp dir and print what the kubelet sees",
+    )
+    local.add_argument(
+        "--config", type=Path, default=None, help="use this config.json instead of the demo one"
+    )
     common(local)
     return parser
 
@@ -69,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.log_level != "debug":
         logging.getLogger("grpclib").setLevel(logging.WARNING)
     os.umask(0o077)  # our sockets are for the kubelet (root) only
@@ -78,15 +110,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            config = load_config(args.config, resource_name=args.resource_name,
-                                 socket_name=args.socket_name)
-            settings = app.Settings(plugin_dir=args.plugin_dir, dev_root=args.dev_root,
-                                    sys_root=args.sys_root)
+            config = load_config(
+                args.config, resource_name=args.resource_name, socket_name=args.socket_name
+            )
+            settings = app.Settings(
+                plugin_dir=args.plugin_dir, dev_root=args.dev_root, sys_root=args.sys_root
+            )
             trio.run(app.run_until_signalled, partial(app.run, settings, config))
         else:
-            trio.run(app.run_until_signalled, partial(
-                local.run_local, config_path=args.config, resource_name=args.resource_name,
-                socket_name=args.socket_name, dev_root=args.dev_root, sys_root=args.sys_root))
+            trio.run(
+                app.run_until_signalled,
+                partial(
+                    local.run_local,
+                    config_path=args.config,
+                    resource_name=args.resource_name,
+                    socket_name=args.socket_name,
+                    dev_root=args.dev_root,
+                    sys_root=args.sys_root,
+                ),
+            )
     except ConfigError as err:
         print(f"powerdev: bad config: {err}", file=sys.stderr)
         return 2

@@ -19,8 +19,13 @@ DEFAULT_SCAN_INTERVAL = 3600.0  # the seed's default for the `time` strategy: 60
 STRATEGIES = ("default", "time")
 
 KNOWN_FIELDS = (
-    "nx-gzip", "permissions", "include-devices", "exclude-devices",
-    "discovery-strategy", "scan-interval", "upper-limit",
+    "nx-gzip",
+    "permissions",
+    "include-devices",
+    "exclude-devices",
+    "discovery-strategy",
+    "scan-interval",
+    "upper-limit",
 )
 
 
@@ -59,8 +64,16 @@ class Config:
 # --- small parsers, each testable alone -------------------------------------
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3,
-                 "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 
 
 def parse_duration(text: str) -> float:
@@ -136,6 +149,7 @@ def pattern_problem(pattern: str) -> str | None:
 
 # --- the file -----------------------------------------------------------------
 
+
 def parse_config(
     text: str,
     *,
@@ -147,18 +161,27 @@ def parse_config(
     try:
         data = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as err:
-        raise ConfigError(source, None, f"not valid JSON (line {err.lineno}, column "
-                          f"{err.colno}: {err.msg})", "fix the JSON syntax") from None
+        raise ConfigError(
+            source,
+            None,
+            f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
+            "fix the JSON syntax",
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(source, None, f"the top level is a JSON {_json_type(data)}",
-                          'write an object such as {"permissions": "rw"}')
+        raise ConfigError(
+            source,
+            None,
+            f"the top level is a JSON {_json_type(data)}",
+            'write an object such as {"permissions": "rw"}',
+        )
 
     def want(key: str, kind: type | tuple[type, ...], example: str) -> object:
         value = data[key]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
-            raise ConfigError(source, key, f"is a JSON {_json_type(value)}",
-                              f"write it as {example}")
+            raise ConfigError(
+                source, key, f"is a JSON {_json_type(value)}", f"write it as {example}"
+            )
         return value
 
     res: dict[str, object] = {}
@@ -170,29 +193,42 @@ def parse_config(
             try:
                 res["permissions"] = normalize_permissions(raw.strip())
             except ValueError as err:
-                raise ConfigError(source, "permissions", f"{raw!r}: {err}",
-                                  'use one or more of r, w, m, such as "rw"') from None
+                raise ConfigError(
+                    source,
+                    "permissions",
+                    f"{raw!r}: {err}",
+                    'use one or more of r, w, m, such as "rw"',
+                ) from None
     for key, attr in (("include-devices", "include"), ("exclude-devices", "exclude")):
         if key in data:
             items = want(key, list, '["/dev/dm-*", "/dev/mapper/*"]')
             patterns = []
             for i, item in enumerate(items):
                 if not isinstance(item, str):
-                    raise ConfigError(source, f"{key}[{i}]", f"is a JSON {_json_type(item)}",
-                                      'write each pattern as a string, like "/dev/sd*"')
+                    raise ConfigError(
+                        source,
+                        f"{key}[{i}]",
+                        f"is a JSON {_json_type(item)}",
+                        'write each pattern as a string, like "/dev/sd*"',
+                    )
                 if not item.strip():
                     continue  # the seed drops empty entries too
                 problem = pattern_problem(item.strip())
                 if problem:
-                    raise ConfigError(source, f"{key}[{i}]", f"{item!r}: {problem}",
-                                      "fix or remove the pattern")
+                    raise ConfigError(
+                        source, f"{key}[{i}]", f"{item!r}: {problem}", "fix or remove the pattern"
+                    )
                 patterns.append(item.strip())
             res[attr] = tuple(dict.fromkeys(patterns))
     if "discovery-strategy" in data:
         strategy = want("discovery-strategy", str, '"default" or "time"')
         if strategy not in STRATEGIES:
-            raise ConfigError(source, "discovery-strategy", f"{strategy!r} is not a strategy",
-                              'use "default" (events) or "time" (events plus periodic rescans)')
+            raise ConfigError(
+                source,
+                "discovery-strategy",
+                f"{strategy!r} is not a strategy",
+                'use "default" (events) or "time" (events plus periodic rescans)',
+            )
         res["strategy"] = strategy
     if "scan-interval" in data:
         raw = data["scan-interval"]
@@ -203,30 +239,51 @@ def parse_config(
             try:
                 seconds = parse_duration(raw)
             except ValueError as err:
-                raise ConfigError(source, "scan-interval", f"{raw!r}: {err}",
-                                  'write a duration such as "30s", "10m" or "2h"') from None
+                raise ConfigError(
+                    source,
+                    "scan-interval",
+                    f"{raw!r}: {err}",
+                    'write a duration such as "30s", "10m" or "2h"',
+                ) from None
         if seconds <= 0:
-            raise ConfigError(source, "scan-interval", f"{raw!r} is not positive",
-                              'write a duration such as "30s", "10m" or "2h"')
+            raise ConfigError(
+                source,
+                "scan-interval",
+                f"{raw!r} is not positive",
+                'write a duration such as "30s", "10m" or "2h"',
+            )
         res["scan_interval"] = seconds
     if "upper-limit" in data:
         limit = want("upper-limit", int, "a whole number such as 10 (0 means no limit)")
         if limit < 0:
-            raise ConfigError(source, "upper-limit", f"{limit} is negative",
-                              "use 0 for no limit or a positive number of pods")
+            raise ConfigError(
+                source,
+                "upper-limit",
+                f"{limit} is negative",
+                "use 0 for no limit or a positive number of pods",
+            )
         res["upper_limit"] = limit
 
     problem = resource_name_problem(resource_name)
     if problem:
-        raise ConfigError("--resource-name", None, f"{resource_name!r}: {problem}",
-                          f"use a name such as {DEFAULT_RESOURCE_NAME}")
+        raise ConfigError(
+            "--resource-name",
+            None,
+            f"{resource_name!r}: {problem}",
+            f"use a name such as {DEFAULT_RESOURCE_NAME}",
+        )
     if not socket_name or "/" in socket_name:
-        raise ConfigError("--socket-name", None, f"{socket_name!r} is not a bare file name",
-                          f"use a file name such as {DEFAULT_SOCKET_NAME}")
+        raise ConfigError(
+            "--socket-name",
+            None,
+            f"{socket_name!r} is not a bare file name",
+            f"use a file name such as {DEFAULT_SOCKET_NAME}",
+        )
     warnings = tuple(
         f"{source}: field {key!r} is not known and is ignored; known fields: "
         + ", ".join(KNOWN_FIELDS)
-        for key in data if key not in KNOWN_FIELDS
+        for key in data
+        if key not in KNOWN_FIELDS
     )
     resource = ResourceConfig(name=resource_name, socket=socket_name, **res)  # type: ignore[arg-type]
     return Config(source=source, resources=(resource,), warnings=warnings)
@@ -246,17 +303,25 @@ def load_config(
         text = ""
         source = f"{path} (missing: defaults)"
     except IsADirectoryError:
-        raise ConfigError(str(path), None, "is a directory",
-                          "point --config at the config.json file inside it") from None
+        raise ConfigError(
+            str(path), None, "is a directory", "point --config at the config.json file inside it"
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(str(path), None, f"cannot be read ({err})",
-                          "check the file and its permissions") from None
+        raise ConfigError(
+            str(path), None, f"cannot be read ({err})", "check the file and its permissions"
+        ) from None
     else:
         source = str(path)
-    return parse_config(text, source=source, resource_name=resource_name,
-                        socket_name=socket_name)
+    return parse_config(text, source=source, resource_name=resource_name, socket_name=socket_name)
 
 
 def _json_type(value: object) -> str:
-    return {bool: "boolean", int: "number", float: "number", str: "string",
-            list: "array", dict: "object", type(None): "null"}.get(type(value), "value")
+    return {
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), "value")

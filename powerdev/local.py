@@ -20,8 +20,14 @@ from powerdev.rpc import asyncio_door
 # that `losetup -f some.img` (or LOOP_CTL_ADD) shows a hotplug at once.
 DEMO_CONFIG = {
     "permissions": "rw",
-    "include-devices": ["/dev/loop[0-9]*", "/dev/sd*", "/dev/vd*", "/dev/nvme*",
-                        "/dev/dm-*", "/dev/mapper/*"],
+    "include-devices": [
+        "/dev/loop[0-9]*",
+        "/dev/sd*",
+        "/dev/vd*",
+        "/dev/nvme*",
+        "/dev/dm-*",
+        "/dev/mapper/*",
+    ],
     "exclude-devices": ["/dev/mapper/control"],
 }
 
@@ -31,13 +37,16 @@ def describe(event: Event, kubelet: FakeKubelet, most: int = 12) -> str:
     if event.kind == "update":
         state = kubelet.resources[event.resource]
         names = [i for i, _ in event.devices]
-        shown = ", ".join(names[:most]) + (f", ... (+{len(names) - most})"
-                                            if len(names) > most else "")
+        shown = ", ".join(names[:most]) + (
+            f", ... (+{len(names) - most})" if len(names) > most else ""
+        )
         unhealthy = [i for i, h in event.devices if h != "Healthy"]
         sick = f"; unhealthy: {', '.join(unhealthy)}" if unhealthy else ""
-        return (f"kubelet: ListAndWatch update #{state.updates} for {event.resource}: "
-                f"capacity {state.capacity}, allocatable {state.allocatable} "
-                f"[{shown or 'no devices'}]{sick}")
+        return (
+            f"kubelet: ListAndWatch update #{state.updates} for {event.resource}: "
+            f"capacity {state.capacity}, allocatable {state.allocatable} "
+            f"[{shown or 'no devices'}]{sick}"
+        )
     if event.kind == "registered":
         return f"kubelet: registered {event.resource} at endpoint {event.detail}"
     if event.kind == "ended":
@@ -47,12 +56,16 @@ def describe(event: Event, kubelet: FakeKubelet, most: int = 12) -> str:
     return f"kubelet: {event.kind} {event.resource} {event.detail}".rstrip()
 
 
-async def run_local(*, config_path: Path | None = None,
-                    resource_name: str = DEFAULT_RESOURCE_NAME,
-                    socket_name: str = DEFAULT_SOCKET_NAME,
-                    dev_root: Path = Path("/dev"), sys_root: Path = Path("/sys"),
-                    out: Callable[[str], None] | None = None,
-                    task_status: trio.TaskStatus[FakeKubelet] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_local(
+    *,
+    config_path: Path | None = None,
+    resource_name: str = DEFAULT_RESOURCE_NAME,
+    socket_name: str = DEFAULT_SOCKET_NAME,
+    dev_root: Path = Path("/dev"),
+    sys_root: Path = Path("/sys"),
+    out: Callable[[str], None] | None = None,
+    task_status: trio.TaskStatus[FakeKubelet] = trio.TASK_STATUS_IGNORED,
+) -> None:
     say = out or (lambda line: print(line, file=sys.stdout, flush=True))
     with tempfile.TemporaryDirectory(prefix="powerdev-local-") as tmp:
         plugin_dir = Path(tmp) / "device-plugins"
@@ -70,21 +83,23 @@ async def run_local(*, config_path: Path | None = None,
             await nursery.start(kubelet.run)
             await nursery.start(app.run, settings, config)
             await kubelet.wait_until(
-                lambda k: resource_name in k.resources and k.resources[resource_name].updates > 0)
+                lambda k: resource_name in k.resources and k.resources[resource_name].updates > 0
+            )
             await _sample_allocate(kubelet, resource_name, say)
             say("powerdev local: watching for changes; press Ctrl-C to stop")
             task_status.started(kubelet)
 
 
-async def _sample_allocate(kubelet: FakeKubelet, resource: str,
-                           say: Callable[[str], None]) -> None:
+async def _sample_allocate(kubelet: FakeKubelet, resource: str, say: Callable[[str], None]) -> None:
     healthy = kubelet.resources[resource].healthy_ids()
     if not healthy:
         say(f"powerdev local: no healthy {resource} units, so no sample Allocate")
         return
     grant = await kubelet.allocate(resource, healthy[:1])
-    say(f"powerdev local: a pod asking for {resource}: 1 gets unit {healthy[0]} and "
-        f"{len(grant.devices)} device nodes:")
+    say(
+        f"powerdev local: a pod asking for {resource}: 1 gets unit {healthy[0]} and "
+        f"{len(grant.devices)} device nodes:"
+    )
     for spec in grant.devices[:12]:
         say(f"  {spec.host_path} -> {spec.container_path} ({spec.permissions})")
     if len(grant.devices) > 12:

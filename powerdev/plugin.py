@@ -47,6 +47,8 @@ class Plugin:
             self._grant_key = key
         return [self._grant for _ in requests]
 
-    def preferred(self, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]) -> list[list[str]]:
+    def preferred(
+        self, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]
+    ) -> list[list[str]]:
         """GetPreferredAllocation: (available, must_include, size) per container."""
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]

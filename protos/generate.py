@@ -26,9 +26,18 @@ def generate(dest: Path) -> None:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}",
-         f"--python_betterproto_out={dest}", *SOURCES],
-        env=env, cwd=PROTOS, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTOS}",
+            f"--python_betterproto_out={dest}",
+            *SOURCES,
+        ],
+        env=env,
+        cwd=PROTOS,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         sys.exit(f"protoc failed:\n{done.stderr}")
@@ -39,8 +48,10 @@ def stale_files(fresh: Path, committed: Path) -> list[str]:
     names = {p.relative_to(fresh) for p in fresh.rglob("*.py")}
     names |= {p.relative_to(committed) for p in committed.rglob("*.py")}
     return sorted(
-        str(n) for n in names
-        if not (fresh / n).exists() or not (committed / n).exists()
+        str(n)
+        for n in names
+        if not (fresh / n).exists()
+        or not (committed / n).exists()
         or not filecmp.cmp(fresh / n, committed / n, shallow=False)
     )
 
@@ -54,8 +65,11 @@ def main(argv: list[str]) -> int:
             generate(Path(tmp))
             stale = stale_files(Path(tmp), OUTPUT)
         if stale:
-            print(f"stale generated code in {OUTPUT}: {', '.join(stale)}; "
-                  "run `python protos/generate.py` and commit the result", file=sys.stderr)
+            print(
+                f"stale generated code in {OUTPUT}: {', '.join(stale)}; "
+                "run `python protos/generate.py` and commit the result",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUTPUT.mkdir(parents=True, exist_ok=True)

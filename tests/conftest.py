@@ -62,17 +62,24 @@ class Harness:
         """Until the kubelet has `count` registrations and a first list on the latest."""
         name = self.name
         await self.kubelet.wait_until(
-            lambda k: k.registrations >= count and name in k.resources
-            and k.resources[name].connected and k.resources[name].updates > 0)
+            lambda k: (
+                k.registrations >= count
+                and name in k.resources
+                and k.resources[name].connected
+                and k.resources[name].updates > 0
+            )
+        )
 
 
 @contextlib.asynccontextmanager
-async def daemon_and_kubelet(tmp_path: Path, config: Config, *, dev_root: Path,
-                             sys_root: Path | None = None) -> AsyncIterator[Harness]:
+async def daemon_and_kubelet(
+    tmp_path: Path, config: Config, *, dev_root: Path, sys_root: Path | None = None
+) -> AsyncIterator[Harness]:
     """A fake kubelet and the daemon, in-process, over real unix sockets."""
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev_root,
-                            sys_root=sys_root or tmp_path / "sys")
+    settings = app.Settings(
+        plugin_dir=plugin_dir, dev_root=dev_root, sys_root=sys_root or tmp_path / "sys"
+    )
     async with asyncio_door(), trio.open_nursery() as nursery:
         kubelet = FakeKubelet(plugin_dir)
         await nursery.start(kubelet.run)

@@ -56,8 +56,7 @@ def probe(dev_root: Path, host_path: str) -> Device | None:
         kind = "c"
     else:
         return None  # regular file, directory, FIFO, socket: never a device
-    return Device(device_id(host_path), host_path, kind,
-                  os.major(st.st_rdev), os.minor(st.st_rdev))
+    return Device(device_id(host_path), host_path, kind, os.major(st.st_rdev), os.minor(st.st_rdev))
 
 
 def block_candidates(sys_root: Path) -> list[str]:

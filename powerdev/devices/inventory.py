@@ -34,8 +34,7 @@ class Inventory:
         """Make `devices` the current list; False (and no new version) if nothing changed."""
         if devices == self._snapshot.devices:
             return False
-        self._snapshot = Snapshot(self._snapshot.version + 1, devices,
-                                  {d.id: d for d in devices})
+        self._snapshot = Snapshot(self._snapshot.version + 1, devices, {d.id: d for d in devices})
         self._changed.set()
         self._changed = trio.Event()
         return True

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+import trio.lowlevel
 
 from powerdev.config import resource_name_problem
 from powerdev.kubelet.paths import API_VERSION, KUBELET_SOCKET
@@ -74,7 +75,9 @@ class Event:
 
 
 class FakeKubelet:
-    def __init__(self, plugin_dir: Path, *, on_event: Callable[[Event], None] | None = None) -> None:
+    def __init__(
+        self, plugin_dir: Path, *, on_event: Callable[[Event], None] | None = None
+    ) -> None:
         self.plugin_dir = plugin_dir
         self.resources: dict[str, ResourceState] = {}
         self.registrations = 0
@@ -111,8 +114,9 @@ class FakeKubelet:
                 try:
                     async with trio.open_nursery() as life:
                         self._streams = life
-                        await life.start(serve_registration, self.plugin_dir / KUBELET_SOCKET,
-                                         self._register)
+                        await life.start(
+                            serve_registration, self.plugin_dir / KUBELET_SOCKET, self._register
+                        )
                         self._serving.set()
                         if first:
                             task_status.started()
@@ -131,7 +135,7 @@ class FakeKubelet:
         every socket in the directory, and serve kubelet.sock again."""
         self.restarts += 1
         self._restart_requested.set()
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         await self._serving.wait()
 
     def _clean_directory(self) -> None:
@@ -164,8 +168,9 @@ class FakeKubelet:
 
     async def _admit(self, version: str, endpoint: str, resource: str) -> None:
         if version != API_VERSION:
-            raise RegisterRefused(f"invalid version {version!r}, supported versions: "
-                                  f"[{API_VERSION}]")
+            raise RegisterRefused(
+                f"invalid version {version!r}, supported versions: [{API_VERSION}]"
+            )
         problem = resource_name_problem(resource)
         if problem:
             raise RegisterRefused(f"invalid resource name {resource!r}: {problem}")
@@ -174,7 +179,7 @@ class FakeKubelet:
         client = PluginClient(self.plugin_dir / endpoint)
         try:
             with trio.fail_after(DIAL_TIMEOUT):
-                options = await client.options(timeout=DIAL_TIMEOUT)
+                options = await client.options(dial_seconds=DIAL_TIMEOUT)
         except Exception as err:
             client.close()
             raise RegisterRefused(f"failed to dial device plugin at {endpoint}: {err}") from None
@@ -191,8 +196,9 @@ class FakeKubelet:
         self._streams.start_soon(self._list_and_watch, client, state, scope)
         self._note(Event("registered", resource, endpoint))
 
-    async def _list_and_watch(self, client: PluginClient, state: ResourceState,
-                              scope: trio.CancelScope) -> None:
+    async def _list_and_watch(
+        self, client: PluginClient, state: ResourceState, scope: trio.CancelScope
+    ) -> None:
         def on_update(devices: list[tuple[str, str]]) -> None:
             state.devices = dict(devices)
             state.updates += 1
@@ -204,8 +210,7 @@ class FakeKubelet:
             # nothing redials; only a new Register brings them back.
             state.connected = False
             state.ended_reason = reason
-            log.info("ListAndWatch ended unexpectedly for device plugin %s: %s",
-                     state.name, reason)
+            log.info("ListAndWatch ended unexpectedly for device plugin %s: %s", state.name, reason)
             self._note(Event("ended", state.name, reason))
 
     # --- what a pod admission does ------------------------------------------------
@@ -214,8 +219,9 @@ class FakeKubelet:
         """One container's Allocate; the kubelet keeps container_responses[0]."""
         return (await self.allocate_containers(resource, [ids]))[0]
 
-    async def allocate_containers(self, resource: str,
-                                  requests: Sequence[Sequence[str]]) -> list[ContainerGrant]:
+    async def allocate_containers(
+        self, resource: str, requests: Sequence[Sequence[str]]
+    ) -> list[ContainerGrant]:
         client, _ = self._clients[resource]
         return await client.allocate(requests)
 

@@ -27,7 +27,10 @@ async def asyncio_door() -> AsyncIterator[None]:
 
 
 async def serve(
-    path: Path, handlers: list[object], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    path: Path,
+    handlers: list[object],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `handlers` on a unix socket at `path` until cancelled.
 
@@ -52,7 +55,11 @@ async def serve(
 def _remove_if_same(path: Path, bound: os.stat_result) -> None:
     try:
         now = os.stat(path)
-        if (now.st_dev, now.st_ino, now.st_ctime_ns) == (bound.st_dev, bound.st_ino, bound.st_ctime_ns):
+        if (now.st_dev, now.st_ino, now.st_ctime_ns) == (
+            bound.st_dev,
+            bound.st_ino,
+            bound.st_ctime_ns,
+        ):
             os.unlink(path)
     except FileNotFoundError:
         pass

@@ -3,7 +3,6 @@ and dial a plugin to call it. Plain data crosses out of this module."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,15 +61,18 @@ class _RegistrationService(RegistrationBase):
     async def register(self, register_request: RegisterRequest) -> Empty:
         try:
             await trio_asyncio.trio_as_aio(self._on_register)(
-                register_request.version, register_request.endpoint,
-                register_request.resource_name)
+                register_request.version, register_request.endpoint, register_request.resource_name
+            )
         except RegisterRefused as err:
             raise GRPCError(Status.UNKNOWN, str(err)) from None
         return Empty()
 
 
 async def serve_registration(
-    path: Path, on_register: OnRegister, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    path: Path,
+    on_register: OnRegister,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the Registration service on `path` until cancelled."""
     await serve(path, [_RegistrationService(on_register)], task_status=task_status)
@@ -96,35 +98,56 @@ class PluginClient:
             return await trio_asyncio.aio_as_trio(call)()
         except GRPCError as err:
             raise PluginCallError(err.status.name, err.message or "") from None
-        except (OSError, StreamTerminatedError, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError, StreamTerminatedError) as err:
             raise PluginCallError("UNAVAILABLE", str(err) or type(err).__name__) from None
 
-    async def options(self, timeout: float = 10.0) -> tuple[bool, bool]:
+    async def options(self, dial_seconds: float = 10.0) -> tuple[bool, bool]:
         """(pre_start_required, get_preferred_allocation_available)."""
-        opts = await self._call(lambda s: s.get_device_plugin_options(Empty(), timeout=timeout))
+        opts = await self._call(
+            lambda s: s.get_device_plugin_options(Empty(), timeout=dial_seconds)
+        )
         return opts.pre_start_required, opts.get_preferred_allocation_available  # type: ignore[attr-defined]
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerGrant]:
         """One ContainerGrant per container request, in order."""
-        reply = await self._call(lambda s: s.allocate(AllocateRequest(container_requests=[
-            ContainerAllocateRequest(devices_i_ds=list(ids)) for ids in requests])))
+        reply = await self._call(
+            lambda s: s.allocate(
+                AllocateRequest(
+                    container_requests=[
+                        ContainerAllocateRequest(devices_i_ds=list(ids)) for ids in requests
+                    ]
+                )
+            )
+        )
         return [
             ContainerGrant(
-                devices=tuple(DeviceGrant(d.host_path, d.container_path, d.permissions)
-                              for d in r.devices),
-                envs=dict(r.envs), annotations=dict(r.annotations),
+                devices=tuple(
+                    DeviceGrant(d.host_path, d.container_path, d.permissions) for d in r.devices
+                ),
+                envs=dict(r.envs),
+                annotations=dict(r.annotations),
                 mounts=tuple((m.container_path, m.host_path, m.read_only) for m in r.mounts),
                 cdi_devices=tuple(c.name for c in r.cdi_devices),
             )
             for r in reply.container_responses  # type: ignore[attr-defined]
         ]
 
-    async def preferred(self, available: Sequence[str], must_include: Sequence[str],
-                        size: int) -> list[str]:
-        reply = await self._call(lambda s: s.get_preferred_allocation(PreferredAllocationRequest(
-            container_requests=[ContainerPreferredAllocationRequest(
-                available_device_i_ds=list(available),
-                must_include_device_i_ds=list(must_include), allocation_size=size)])))
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        reply = await self._call(
+            lambda s: s.get_preferred_allocation(
+                PreferredAllocationRequest(
+                    container_requests=[
+                        ContainerPreferredAllocationRequest(
+                            available_device_i_ds=list(available),
+                            must_include_device_i_ds=list(must_include),
+                            allocation_size=size,
+                        )
+                    ]
+                )
+            )
+        )
         return list(reply.container_responses[0].device_i_ds)  # type: ignore[attr-defined]
 
     async def watch(self, on_update: Callable[[list[tuple[str, str]]], None]) -> str:

@@ -50,13 +50,15 @@ class PluginService(DevicePluginBase):
         self._grant_message = ContainerAllocateResponse()
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
-        return DevicePluginOptions(pre_start_required=False,
-                                   get_preferred_allocation_available=False)
+        return DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=False
+        )
 
     async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
         try:
             grants = self._plugin.allocate(
-                [c.devices_i_ds for c in allocate_request.container_requests])
+                [c.devices_i_ds for c in allocate_request.container_requests]
+            )
         except AllocationRefused as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         return AllocateResponse(container_responses=[self._container_answer(g) for g in grants])
@@ -67,13 +69,21 @@ class PluginService(DevicePluginBase):
         requests = preferred_allocation_request.container_requests
         for req in requests:
             if req.allocation_size < 0 or req.allocation_size > MAX_PREFERRED_IDS:
-                raise GRPCError(Status.INVALID_ARGUMENT,
-                                f"allocation_size {req.allocation_size} is outside 0..{MAX_PREFERRED_IDS}")
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT,
+                    f"allocation_size {req.allocation_size} is outside 0..{MAX_PREFERRED_IDS}",
+                )
         answers = self._plugin.preferred(
-            [(r.available_device_i_ds, r.must_include_device_i_ds, r.allocation_size)
-             for r in requests])
-        return PreferredAllocationResponse(container_responses=[
-            ContainerPreferredAllocationResponse(device_i_ds=ids) for ids in answers])
+            [
+                (r.available_device_i_ds, r.must_include_device_i_ds, r.allocation_size)
+                for r in requests
+            ]
+        )
+        return PreferredAllocationResponse(
+            container_responses=[
+                ContainerPreferredAllocationResponse(device_i_ds=ids) for ids in answers
+            ]
+        )
 
     async def pre_start_container(
         self, pre_start_container_request: PreStartContainerRequest
@@ -86,8 +96,11 @@ class PluginService(DevicePluginBase):
         mapping = super().__mapping__()
         generated = mapping[LIST_AND_WATCH]
         mapping[LIST_AND_WATCH] = grpclib.const.Handler(
-            self._list_and_watch, generated.cardinality,
-            generated.request_type, generated.reply_type)
+            self._list_and_watch,
+            generated.cardinality,
+            generated.request_type,
+            generated.reply_type,
+        )
         return mapping
 
     async def _list_and_watch(self, stream: Stream[Empty, ListAndWatchResponse]) -> None:
@@ -108,16 +121,26 @@ class PluginService(DevicePluginBase):
     def _list_answer(self, snapshot: Snapshot) -> ListAndWatchResponse:
         key = (snapshot.version, self._plugin.resource.upper_limit)
         if key != self._list_key:
-            self._list_message = ListAndWatchResponse(devices=[
-                Device(id=u.id, health=HEALTHY if u.healthy else UNHEALTHY)
-                for u in self._plugin.units(snapshot)])
+            self._list_message = ListAndWatchResponse(
+                devices=[
+                    Device(id=u.id, health=HEALTHY if u.healthy else UNHEALTHY)
+                    for u in self._plugin.units(snapshot)
+                ]
+            )
             self._list_key = key
         return self._list_message
 
     def _container_answer(self, grant: tuple[DeviceGrant, ...]) -> ContainerAllocateResponse:
         if grant is not self._grant_source:
-            self._grant_message = ContainerAllocateResponse(devices=[
-                DeviceSpec(container_path=g.container_path, host_path=g.host_path,
-                           permissions=g.permissions) for g in grant])
+            self._grant_message = ContainerAllocateResponse(
+                devices=[
+                    DeviceSpec(
+                        container_path=g.container_path,
+                        host_path=g.host_path,
+                        permissions=g.permissions,
+                    )
+                    for g in grant
+                ]
+            )
             self._grant_source = grant
         return self._grant_message

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import trio_asyncio
@@ -19,17 +18,24 @@ class RegisterError(Exception):
     """Register did not succeed; str() says why, in one line."""
 
 
-async def register(kubelet_socket: Path, endpoint: str, resource_name: str,
-                   options: DevicePluginOptions | None = None) -> None:
+async def register(
+    kubelet_socket: Path,
+    endpoint: str,
+    resource_name: str,
+    options: DevicePluginOptions | None = None,
+) -> None:
     """Register `resource_name`, served at `endpoint` (a file name), with the kubelet."""
 
     async def call() -> None:
         channel = Channel(path=str(kubelet_socket))
         try:
             await RegistrationStub(channel).register(
-                RegisterRequest(version=API_VERSION, endpoint=endpoint,
-                                resource_name=resource_name,
-                                options=options or DevicePluginOptions()),
+                RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=endpoint,
+                    resource_name=resource_name,
+                    options=options or DevicePluginOptions(),
+                ),
                 timeout=REGISTER_TIMEOUT,
             )
         finally:
@@ -39,6 +45,7 @@ async def register(kubelet_socket: Path, endpoint: str, resource_name: str,
         await trio_asyncio.aio_as_trio(call)()
     except GRPCError as err:
         raise RegisterError(f"the kubelet refused: {err.message or err.status.name}") from None
-    except (OSError, StreamTerminatedError, asyncio.TimeoutError) as err:
-        raise RegisterError(f"cannot reach the kubelet at {kubelet_socket}: "
-                            f"{err or type(err).__name__}") from None
+    except (TimeoutError, OSError, StreamTerminatedError) as err:
+        raise RegisterError(
+            f"cannot reach the kubelet at {kubelet_socket}: {err or type(err).__name__}"
+        ) from None

@@ -6,6 +6,7 @@ import stat
 
 import pytest
 import trio
+import trio.lowlevel
 
 from powerdev import app
 from powerdev.kubelet.fake import FakeKubelet
@@ -30,8 +31,11 @@ async def test_registers_and_lists_every_device(tmp_path, dev):
             state = h.state()
             assert state.endpoint == "power-dev.csi.ibm.com-reg.sock"
             assert state.options == (False, False)
-            assert state.devices == {"dm-0": "Healthy", "dm-1": "Healthy",
-                                     "mapper.mpatha": "Healthy"}
+            assert state.devices == {
+                "dm-0": "Healthy",
+                "dm-1": "Healthy",
+                "mapper.mpatha": "Healthy",
+            }
             assert (state.capacity, state.allocatable) == (3, 3)
             sock = h.settings.plugin_dir / state.endpoint
             assert stat.S_ISSOCK(os.stat(sock).st_mode)
@@ -54,7 +58,9 @@ async def test_allocate_grants_every_device_with_the_configured_permissions(tmp_
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
             grant = await h.kubelet.allocate(h.name, ["dm-1"])
             assert [(d.host_path, d.container_path, d.permissions) for d in grant.devices] == [
-                ("/dev/dm-0", "/dev/dm-0", "rm"), ("/dev/dm-1", "/dev/dm-1", "rm")]
+                ("/dev/dm-0", "/dev/dm-0", "rm"),
+                ("/dev/dm-1", "/dev/dm-1", "rm"),
+            ]
             assert (grant.envs, grant.mounts, grant.annotations) == ({}, (), {})
             several = await h.kubelet.allocate_containers(h.name, [["dm-0"], ["dm-1"], ["dm-0"]])
             assert len(several) == 3 and all(g == grant for g in several)
@@ -69,7 +75,8 @@ async def test_bad_ids_get_invalid_argument_and_the_daemon_keeps_serving(tmp_pat
                 assert err.value.status == "INVALID_ARGUMENT"
                 assert "unknown device ID" in err.value.message
             assert "'no-such-disk'" in str(
-                await _refusal(h.kubelet.allocate(h.name, ["no-such-disk"])))
+                await _refusal(h.kubelet.allocate(h.name, ["no-such-disk"]))
+            )
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert len(grant.devices) == 3
             assert h.state().connected
@@ -99,7 +106,7 @@ async def test_two_streams_both_get_every_update(tmp_path, dev):
             await h.kubelet.wait_until(lambda k: True)
             (dev / "dm-9").symlink_to("/dev/null")
             while not seen:  # the second stream's first list comes at once
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             app.scan(h.plugin, h.settings)
             await got.wait()
             await h.kubelet.wait_until(lambda k: "dm-9" in h.state().devices)
@@ -147,8 +154,9 @@ async def test_waits_for_an_absent_kubelet(tmp_path, dev):
             assert list(plugin_dir.iterdir()) == []  # nothing served before the kubelet is up
             kubelet = FakeKubelet(plugin_dir)
             await nursery.start(kubelet.run)
-            await kubelet.wait_until(lambda k: k.registrations == 1
-                                     and k.resources["power-dev-plugin/dev"].updates == 1)
+            await kubelet.wait_until(
+                lambda k: k.registrations == 1 and k.resources["power-dev-plugin/dev"].updates == 1
+            )
             assert kubelet.resources["power-dev-plugin/dev"].capacity == 3
             nursery.cancel_scope.cancel()
 

@@ -21,26 +21,32 @@ B = Device("mapper.mpatha", "/dev/mapper/mpatha", "b", 253, 0)
 GONE = Device("sdz", "/dev/sdz", "b", 8, 400, healthy=False)
 
 
-@pytest.mark.parametrize(("devices", "limit", "expected"), [
-    ((), 0, ()),
-    ((A, B), 0, (Unit("sda", True), Unit("mapper.mpatha", True))),
-    ((A, GONE), 0, (Unit("sda", True), Unit("sdz", False))),
-    ((A, B), 3, (Unit("share-1", True), Unit("share-2", True), Unit("share-3", True))),
-    ((GONE,), 2, (Unit("share-1", False), Unit("share-2", False))),
-    ((), 1, (Unit("share-1", False),)),
-])
+@pytest.mark.parametrize(
+    ("devices", "limit", "expected"),
+    [
+        ((), 0, ()),
+        ((A, B), 0, (Unit("sda", True), Unit("mapper.mpatha", True))),
+        ((A, GONE), 0, (Unit("sda", True), Unit("sdz", False))),
+        ((A, B), 3, (Unit("share-1", True), Unit("share-2", True), Unit("share-3", True))),
+        ((GONE,), 2, (Unit("share-1", False), Unit("share-2", False))),
+        ((), 1, (Unit("share-1", False),)),
+    ],
+)
 def test_units(devices, limit, expected):
     assert units(devices, limit) == expected
 
 
-@pytest.mark.parametrize(("ids", "error"), [
-    (["sda"], None),
-    ([], None),
-    (["sda", "mapper.mpatha"], None),
-    (["nope"], "unknown device ID 'nope'"),
-    (["sda", "sdz"], "device ID 'sdz' is Unhealthy"),
-    (["x" * 5000], "unknown device ID 'xxxx"),
-])
+@pytest.mark.parametrize(
+    ("ids", "error"),
+    [
+        (["sda"], None),
+        ([], None),
+        (["sda", "mapper.mpatha"], None),
+        (["nope"], "unknown device ID 'nope'"),
+        (["sda", "sdz"], "device ID 'sdz' is Unhealthy"),
+        (["x" * 5000], "unknown device ID 'xxxx"),
+    ],
+)
 def test_check_request(ids, error):
     advertised = {u.id: u for u in units((A, B, GONE), 0)}
     if error is None:
@@ -54,16 +60,20 @@ def test_check_request(ids, error):
 def test_grant_gives_every_healthy_device_at_its_host_path():
     assert grant((A, GONE, B), "rw") == (
         DeviceGrant("/dev/sda", "/dev/sda", "rw"),
-        DeviceGrant("/dev/mapper/mpatha", "/dev/mapper/mpatha", "rw"))
+        DeviceGrant("/dev/mapper/mpatha", "/dev/mapper/mpatha", "rw"),
+    )
 
 
-@pytest.mark.parametrize(("available", "must", "size", "expected"), [
-    (["a", "b", "c"], [], 2, ["a", "b"]),
-    (["a", "b", "c"], ["c"], 2, ["c", "a"]),
-    (["a", "b"], ["b", "b"], 1, ["b"]),
-    ([], [], 3, []),
-    (["a"], [], 0, []),
-])
+@pytest.mark.parametrize(
+    ("available", "must", "size", "expected"),
+    [
+        (["a", "b", "c"], [], 2, ["a", "b"]),
+        (["a", "b", "c"], ["c"], 2, ["c", "a"]),
+        (["a", "b"], ["b", "b"], 1, ["b"]),
+        ([], [], 3, []),
+        (["a"], [], 0, []),
+    ],
+)
 def test_preferred(available, must, size, expected):
     assert preferred(available, must, size) == expected
 
@@ -76,7 +86,7 @@ def test_plugin_answers_every_container_and_caches_per_version():
     assert plugin.allocate([["sda"]])[0] is first[0]  # same version: the same answer object
     plugin.inventory.publish((A,))
     assert plugin.allocate([["sda"]])[0] == (DeviceGrant("/dev/sda", "/dev/sda", "r"),)
-    with pytest.raises(AllocationRefused, match="unknown device ID 'mapper.mpatha'"):
+    with pytest.raises(AllocationRefused, match=r"unknown device ID 'mapper\.mpatha'"):
         plugin.allocate([["mapper.mpatha"]])
 
 
@@ -84,7 +94,9 @@ def test_upper_limit_units_grant_every_device():
     plugin = Plugin(ResourceConfig(upper_limit=2), Inventory((A, B)))
     assert [u.id for u in plugin.units()] == ["share-1", "share-2"]
     assert [g.host_path for g in plugin.allocate([["share-2"]])[0]] == [
-        "/dev/sda", "/dev/mapper/mpatha"]
+        "/dev/sda",
+        "/dev/mapper/mpatha",
+    ]
     with pytest.raises(AllocationRefused, match="unknown device ID 'share-3'"):
         plugin.allocate([["share-3"]])
 

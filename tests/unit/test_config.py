@@ -35,17 +35,31 @@ def test_every_field_is_read():
         "discovery-strategy": "time", "scan-interval": "1h30m", "upper-limit": 12}""")
     assert resource.nx_gzip is True
     assert resource.permissions == "rwm"
-    assert resource.include == ("/dev/dm-*", "/dev/mapper/*")  # trimmed, empty dropped, deduplicated
+    assert resource.include == (
+        "/dev/dm-*",
+        "/dev/mapper/*",
+    )  # trimmed, empty dropped, deduplicated
     assert resource.exclude == ("/dev/sda*",)
     assert resource.strategy == "time"
     assert resource.scan_interval == 5400.0
     assert resource.upper_limit == 12
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30s", 30), ("10m", 600), ("2h", 7200), ("1h30m", 5400), ("1.5h", 5400),
-    ("500ms", 0.5), ("0", 0), ("+5s", 5), ("2h45m30.5s", 9930.5), ("100us", 1e-4),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30),
+        ("10m", 600),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1.5h", 5400),
+        ("500ms", 0.5),
+        ("0", 0),
+        ("+5s", 5),
+        ("2h45m30.5s", 9930.5),
+        ("100us", 1e-4),
+    ],
+)
 def test_go_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
@@ -56,9 +70,18 @@ def test_bad_durations(text):
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("text", "normal"), [
-    ("r", "r"), ("w", "w"), ("m", "m"), ("rw", "rw"), ("WR", "rw"), ("mwr", "rwm"), ("rM", "rm"),
-])
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("r", "r"),
+        ("w", "w"),
+        ("m", "m"),
+        ("rw", "rw"),
+        ("WR", "rw"),
+        ("mwr", "rwm"),
+        ("rM", "rm"),
+    ],
+)
 def test_permissions(text, normal):
     assert normalize_permissions(text) == normal
 
@@ -73,23 +96,26 @@ def test_scan_interval_as_go_nanoseconds():
     assert only('{"scan-interval": 30000000000}').scan_interval == 30.0
 
 
-@pytest.mark.parametrize(("text", "field", "fix"), [
-    ('{"permissions": "rx"}', "'permissions'", "one or more of r, w, m"),
-    ('{"permissions": 7}', "'permissions'", 'a string such as "rw"'),
-    ('{"nx-gzip": "yes"}', "'nx-gzip'", "true or false"),
-    ('{"include-devices": "/dev/dm-*"}', "'include-devices'", '["/dev/dm-*"'),
-    ('{"include-devices": [3]}', "'include-devices[0]'", "as a string"),
-    ('{"include-devices": ["dm-*"]}', "'include-devices[0]'", "absolute host paths"),
-    ('{"exclude-devices": ["/dev/[sd"]}', "'exclude-devices[0]'", "never closed"),
-    ('{"discovery-strategy": "fast"}', "'discovery-strategy'", '"default"'),
-    ('{"scan-interval": "10"}', "'scan-interval'", '"30s"'),
-    ('{"scan-interval": "0s"}', "'scan-interval'", "not positive"),
-    ('{"scan-interval": true}', "'scan-interval'", "duration string"),
-    ('{"upper-limit": -1}', "'upper-limit'", "0 for no limit"),
-    ('{"upper-limit": "5"}', "'upper-limit'", "whole number"),
-    ('{"upper-limit": 2.5}', "'upper-limit'", "whole number"),
-    ('{"upper-limit": true}', "'upper-limit'", "whole number"),
-])
+@pytest.mark.parametrize(
+    ("text", "field", "fix"),
+    [
+        ('{"permissions": "rx"}', "'permissions'", "one or more of r, w, m"),
+        ('{"permissions": 7}', "'permissions'", 'a string such as "rw"'),
+        ('{"nx-gzip": "yes"}', "'nx-gzip'", "true or false"),
+        ('{"include-devices": "/dev/dm-*"}', "'include-devices'", '["/dev/dm-*"'),
+        ('{"include-devices": [3]}', "'include-devices[0]'", "as a string"),
+        ('{"include-devices": ["dm-*"]}', "'include-devices[0]'", "absolute host paths"),
+        ('{"exclude-devices": ["/dev/[sd"]}', "'exclude-devices[0]'", "never closed"),
+        ('{"discovery-strategy": "fast"}', "'discovery-strategy'", '"default"'),
+        ('{"scan-interval": "10"}', "'scan-interval'", '"30s"'),
+        ('{"scan-interval": "0s"}', "'scan-interval'", "not positive"),
+        ('{"scan-interval": true}', "'scan-interval'", "duration string"),
+        ('{"upper-limit": -1}', "'upper-limit'", "0 for no limit"),
+        ('{"upper-limit": "5"}', "'upper-limit'", "whole number"),
+        ('{"upper-limit": 2.5}', "'upper-limit'", "whole number"),
+        ('{"upper-limit": true}', "'upper-limit'", "whole number"),
+    ],
+)
 def test_errors_name_file_field_and_fix(text, field, fix):
     with pytest.raises(ConfigError) as err:
         only(text)
@@ -99,11 +125,14 @@ def test_errors_name_file_field_and_fix(text, field, fix):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("{", "not valid JSON (line 1, column 2"),
-    ("[1, 2]", "top level is a JSON array"),
-    ('"rw"', "top level is a JSON string"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "not valid JSON (line 1, column 2"),
+        ("[1, 2]", "top level is a JSON array"),
+        ('"rw"', "top level is a JSON string"),
+    ],
+)
 def test_whole_file_errors(text, problem):
     with pytest.raises(ConfigError, match=r"^/etc/power-device-plugin/config.json: ") as err:
         only(text)
@@ -116,11 +145,12 @@ def test_unknown_fields_warn_and_do_not_fail():
     assert config.warnings == (
         "c.json: field 'permisions' is not known and is ignored; known fields: nx-gzip, "
         "permissions, include-devices, exclude-devices, discovery-strategy, scan-interval, "
-        "upper-limit",)
+        "upper-limit",
+    )
 
 
 def test_directory_and_unreadable_files(tmp_path):
-    with pytest.raises(ConfigError, match="is a directory; point --config at the config.json"):
+    with pytest.raises(ConfigError, match=r"is a directory; point --config at the config\.json"):
         load_config(tmp_path)
     bad = tmp_path / "c.json"
     bad.write_bytes(b"\xff\xfe{")
@@ -128,18 +158,28 @@ def test_directory_and_unreadable_files(tmp_path):
         load_config(bad)
 
 
-@pytest.mark.parametrize(("name", "ok"), [
-    ("power-dev-plugin/dev", True), ("example.com/disk", True), ("a.b-c/x_y.z", True),
-    ("dev", False), ("kubernetes.io/dev", False), ("requests.example.com/dev", False),
-    ("Example.com/dev", False), ("example.com/", False), ("example.com/" + "x" * 64, False),
-    ("-bad.com/dev", False), ("example.com/-x", False),
-])
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("power-dev-plugin/dev", True),
+        ("example.com/disk", True),
+        ("a.b-c/x_y.z", True),
+        ("dev", False),
+        ("kubernetes.io/dev", False),
+        ("requests.example.com/dev", False),
+        ("Example.com/dev", False),
+        ("example.com/", False),
+        ("example.com/" + "x" * 64, False),
+        ("-bad.com/dev", False),
+        ("example.com/-x", False),
+    ],
+)
 def test_resource_names_as_the_kubelet_checks_them(name, ok):
     assert (resource_name_problem(name) is None) is ok
 
 
 def test_bad_resource_and_socket_names_are_config_errors():
-    with pytest.raises(ConfigError, match="^--resource-name: 'dev': "):
+    with pytest.raises(ConfigError, match=r"^--resource-name: 'dev': "):
         parse_config("{}", source="c", resource_name="dev")
-    with pytest.raises(ConfigError, match="^--socket-name: 'a/b' is not a bare file name"):
+    with pytest.raises(ConfigError, match=r"^--socket-name: 'a/b' is not a bare file name"):
         parse_config("{}", source="c", socket_name="a/b")

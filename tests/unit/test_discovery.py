@@ -12,27 +12,33 @@ from powerdev.devices.model import device_id
 from tests.conftest import make_dev_tree
 
 
-@pytest.mark.parametrize(("pattern", "path", "hit"), [
-    ("/dev/dm-*", "/dev/dm-0", True),
-    ("/dev/dm-*", "/dev/dm-12", True),
-    ("/dev/mapper/*", "/dev/mapper/mpatha", True),
-    ("/dev/*", "/dev/mapper/mpatha", False),  # `*` never crosses a "/" (Go filepath.Match)
-    ("/dev/sd?", "/dev/sda", True),
-    ("/dev/sd?", "/dev/sda1", False),
-    ("/dev/sd[a-c]1", "/dev/sdb1", True),
-    ("/dev/sd[!a]", "/dev/sda", False),
-    ("/dev/crypto/nx-gzip", "/dev/crypto/nx-gzip", True),
-    ("/dev/loop*", "/dev/loop-control", True),
-])
+@pytest.mark.parametrize(
+    ("pattern", "path", "hit"),
+    [
+        ("/dev/dm-*", "/dev/dm-0", True),
+        ("/dev/dm-*", "/dev/dm-12", True),
+        ("/dev/mapper/*", "/dev/mapper/mpatha", True),
+        ("/dev/*", "/dev/mapper/mpatha", False),  # `*` never crosses a "/" (Go filepath.Match)
+        ("/dev/sd?", "/dev/sda", True),
+        ("/dev/sd?", "/dev/sda1", False),
+        ("/dev/sd[a-c]1", "/dev/sdb1", True),
+        ("/dev/sd[!a]", "/dev/sda", False),
+        ("/dev/crypto/nx-gzip", "/dev/crypto/nx-gzip", True),
+        ("/dev/loop*", "/dev/loop-control", True),
+    ],
+)
 def test_matches_like_go(pattern, path, hit):
     assert matches(pattern, path) is hit
 
 
-@pytest.mark.parametrize(("path", "ident"), [
-    ("/dev/sda1", "sda1"),
-    ("/dev/mapper/mpatha", "mapper.mpatha"),
-    ("/dev/crypto/nx-gzip", "crypto.nx-gzip"),
-])
+@pytest.mark.parametrize(
+    ("path", "ident"),
+    [
+        ("/dev/sda1", "sda1"),
+        ("/dev/mapper/mpatha", "mapper.mpatha"),
+        ("/dev/crypto/nx-gzip", "crypto.nx-gzip"),
+    ],
+)
 def test_ids_come_from_the_path(path, ident):
     assert device_id(path) == ident
 
@@ -57,10 +63,15 @@ def test_only_character_and_block_nodes_count(tmp_path):
 
 
 def test_include_exclude_and_nx_gzip(tmp_path):
-    dev = make_dev_tree(tmp_path / "dev", [
-        "dm-0", "dm-1", "mapper/mpatha", "mapper/control", "sda", "crypto/nx-gzip"])
-    resource = ResourceConfig(include=("/dev/dm-*", "/dev/mapper/*"),
-                              exclude=("/dev/mapper/control", "/dev/dm-1"), nx_gzip=True)
+    dev = make_dev_tree(
+        tmp_path / "dev",
+        ["dm-0", "dm-1", "mapper/mpatha", "mapper/control", "sda", "crypto/nx-gzip"],
+    )
+    resource = ResourceConfig(
+        include=("/dev/dm-*", "/dev/mapper/*"),
+        exclude=("/dev/mapper/control", "/dev/dm-1"),
+        nx_gzip=True,
+    )
     found = discover(resource, dev, tmp_path / "sys")
     assert [d.path for d in found] == ["/dev/crypto/nx-gzip", "/dev/dm-0", "/dev/mapper/mpatha"]
     assert [d.id for d in found] == ["crypto.nx-gzip", "dm-0", "mapper.mpatha"]
@@ -90,9 +101,18 @@ def _sys_block(root: Path, entries: dict[str, str | None]) -> Path:
 
 
 def test_block_discovery_lists_disks_partitions_and_dm_but_not_ram_or_loop(tmp_path):
-    sys_root = _sys_block(tmp_path / "sys", {
-        "sda": "sda", "sda1": "sda1", "dm-0": "dm-0", "nvme0n1": None,
-        "loop0": "loop0", "ram0": "ram0", "zram0": "zram0"})
+    sys_root = _sys_block(
+        tmp_path / "sys",
+        {
+            "sda": "sda",
+            "sda1": "sda1",
+            "dm-0": "dm-0",
+            "nvme0n1": None,
+            "loop0": "loop0",
+            "ram0": "ram0",
+            "zram0": "zram0",
+        },
+    )
     assert block_candidates(sys_root) == ["/dev/dm-0", "/dev/nvme0n1", "/dev/sda", "/dev/sda1"]
     assert block_candidates(tmp_path / "no-sys") == []
 

@@ -1,0 +1,112 @@
+"""`powerdev run` as a real process: signals, exit codes, what stderr says."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from powerdev.kubelet.fake import FakeKubelet
+from powerdev.rpc import asyncio_door
+from tests.conftest import make_dev_tree
+
+LIMIT = 20
+RESOURCE = "power-dev-plugin/dev"
+
+
+def powerdev_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "powerdev", *args]
+
+
+async def test_sigterm_stops_serving_removes_the_socket_and_exits_0(tmp_path):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/dm-*"]}')
+    plugin_dir = tmp_path / "device-plugins"
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with trio.fail_after(LIMIT):
+            async with asyncio_door(), trio.open_nursery() as nursery:
+                kubelet = FakeKubelet(plugin_dir)
+                await nursery.start(kubelet.run)
+                proc = await trio.lowlevel.open_process(
+                    powerdev_command(
+                        "run",
+                        "--plugin-dir",
+                        str(plugin_dir),
+                        "--config",
+                        str(config),
+                        "--dev-root",
+                        str(dev),
+                    )
+                )
+                try:
+                    await kubelet.wait_until(
+                        lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
+                    )
+                    assert kubelet.resources[RESOURCE].capacity == 2
+                    sock = plugin_dir / kubelet.resources[RESOURCE].endpoint
+                    assert os.stat(sock).st_mode & 0o077 == 0  # the kubelet (root) only
+                    proc.send_signal(signum)
+                    with trio.fail_after(5):
+                        assert await proc.wait() == 0
+                    assert not sock.exists()
+                    await kubelet.wait_until(lambda k: not k.resources[RESOURCE].connected)
+                finally:
+                    proc.kill()
+                    await proc.wait()
+                nursery.cancel_scope.cancel()
+
+
+def run_with_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    return subprocess.run(
+        powerdev_command("run", "--plugin-dir", str(tmp_path / "dp"), "--config", str(config)),
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+
+
+def test_a_broken_config_at_start_exits_non_zero_with_one_clear_line(tmp_path):
+    for text, field in (
+        ('{"permissions": "rwx"}', "'permissions'"),
+        ('{"scan-interval": "soon"}', "'scan-interval'"),
+        ('{"discovery-strategy": 1}', "'discovery-strategy'"),
+    ):
+        done = run_with_config(tmp_path, text)
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith(
+            f"powerdev: bad config: {tmp_path / 'config.json'}: field {field}"
+        )
+    assert not (tmp_path / "dp").exists()  # nothing was served
+
+
+def test_bad_json_and_bad_resource_name(tmp_path):
+    done = run_with_config(tmp_path, "{not json")
+    assert done.returncode == 2 and "not valid JSON (line 1, column 2" in done.stderr
+    done = subprocess.run(
+        powerdev_command(
+            "run", "--resource-name", "nodomain", "--config", str(tmp_path / "none.json")
+        ),
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--resource-name: 'nodomain': an extended resource name needs a domain" in done.stderr
+
+
+def test_options_come_from_the_environment_too(tmp_path):
+    env = {**os.environ, "POWERDEV_CONFIG": str(tmp_path / "config.json")}
+    (tmp_path / "config.json").write_text('{"upper-limit": "many"}')
+    done = subprocess.run(
+        powerdev_command("run"), capture_output=True, text=True, timeout=LIMIT, check=False, env=env
+    )
+    assert done.returncode == 2 and "field 'upper-limit'" in done.stderr
