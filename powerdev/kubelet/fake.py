@@ -82,6 +82,7 @@ class FakeKubelet:
         self.resources: dict[str, ResourceState] = {}
         self.registrations = 0
         self.refusals: list[str] = []
+        self.refuse_next = 0  # refuse this many Register calls, as a kubelet in trouble would
         self.restarts = 0
         self._clients: dict[str, tuple[PluginClient, trio.CancelScope]] = {}
         self._on_event = on_event
@@ -167,6 +168,9 @@ class FakeKubelet:
             raise
 
     async def _admit(self, version: str, endpoint: str, resource: str) -> None:
+        if self.refuse_next > 0:
+            self.refuse_next -= 1
+            raise RegisterRefused("the device manager is not ready (refused on request)")
         if version != API_VERSION:
             raise RegisterRefused(
                 f"invalid version {version!r}, supported versions: [{API_VERSION}]"

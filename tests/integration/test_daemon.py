@@ -186,3 +186,34 @@ async def test_a_removed_plugin_dir_is_watched_again(tmp_path, dev):
             await h.kubelet.restart()  # a kubelet makes the directory again as it starts
             await h.wait_registered(2)
             assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()
+
+
+async def test_a_refused_register_is_retried_and_logged_once(tmp_path, dev, caplog):
+    plugin_dir = tmp_path / "device-plugins"
+    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            kubelet.refuse_next = 3
+            await nursery.start(kubelet.run)
+            nursery.start_soon(app.run, settings, config_for(INCLUDE))
+            await kubelet.wait_until(lambda k: k.registrations == 1)
+            assert len(kubelet.refusals) == 3
+            failures = [r for r in caplog.records if "Register failed" in r.getMessage()]
+            assert len(failures) == 1  # the same failure three times is logged once
+            assert "the device manager is not ready" in failures[0].getMessage()
+            nursery.cancel_scope.cancel()
+
+
+async def test_preferred_allocation_answers_though_not_advertised(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            client = h.kubelet.client(h.name)
+            assert h.state().options == (False, False)
+            assert await client.preferred(["dm-0", "dm-1", "mapper.mpatha"], ["dm-1"], 2) == [
+                "dm-1",
+                "dm-0",
+            ]
+            with pytest.raises(PluginCallError) as err:
+                await client.preferred(["dm-0"], [], -1)
+            assert err.value.status == "INVALID_ARGUMENT"
