@@ -10,18 +10,21 @@ its socket before the next pass registers again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
 from powerdev.config import Config, ResourceConfig
-from powerdev.devices.discovery import discover
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.tracker import DeviceEvent, Tracker
+from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
 from powerdev.plugin import Plugin
@@ -40,39 +43,94 @@ class Settings:
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     dev_root: Path = Path("/dev")
     sys_root: Path = Path("/sys")
+    uevents: str = "auto"  # "auto", "udev", "kernel", or "off" (rescans only)
 
 
-def scan(plugin: Plugin, settings: Settings) -> None:
+class EventSource(Protocol):
+    async def next_batch(self) -> list[DeviceEvent] | str: ...
+
+
+def _log_devices(plugin: Plugin) -> None:
+    devices = plugin.inventory.current.devices
+    unhealthy = [d.path for d in devices if not d.healthy]
+    log.info(
+        "%s: %d devices: %s%s",
+        plugin.resource.name,
+        len(devices),
+        _summary([d.path for d in devices]),
+        f"; Unhealthy (another device now under the name): {_summary(unhealthy)}"
+        if unhealthy
+        else "",
+    )
+
+
+def scan(plugin: Plugin) -> None:
     """Discover the resource's devices now and publish them if they changed."""
-    devices = discover(plugin.resource, settings.dev_root, settings.sys_root)
-    if plugin.inventory.publish(devices):
-        log.info(
-            "%s: %d devices: %s",
-            plugin.resource.name,
-            len(devices),
-            _summary([d.path for d in devices]),
-        )
+    assert plugin.tracker is not None
+    if plugin.tracker.rescan():
+        _log_devices(plugin)
 
 
 async def run(
     settings: Settings,
     config: Config,
     *,
+    events: EventSource | None = None,
     task_status: trio.TaskStatus[list[Plugin]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve every resource of `config` until cancelled. started() once every
-    resource is serving its socket (so not while the kubelet is absent)."""
+    """Serve every resource of `config` until cancelled. Device events come
+    from `events`, or from a netlink monitor chosen by settings.uevents.
+    started() once every resource is serving (so not while the kubelet is absent)."""
     for warning in config.warnings:
         log.warning("%s", warning)
-    plugins = [Plugin(r, Inventory()) for r in config.resources]
-    async with asyncio_door(), trio.open_nursery() as nursery:
+    plugins = []
+    for resource in config.resources:
+        inventory = Inventory()
+        tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
+        plugins.append(Plugin(resource, inventory, tracker))
+    with contextlib.ExitStack() as stack:
+        if events is None and settings.uevents != "off":
+            events = _open_events(settings.uevents, config, stack)
+        # The monitor is live before the first scan: nothing falls between them.
         for plugin in plugins:
-            scan(plugin, settings)
-            if plugin.resource.strategy == "time":
-                nursery.start_soon(_rescan_every, plugin, settings)
+            scan(plugin)
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            if events is not None:
+                nursery.start_soon(_follow, events, plugins)
+            for plugin in plugins:
+                if plugin.resource.strategy == "time":
+                    nursery.start_soon(_rescan_every, plugin)
+            for plugin in plugins:
+                await nursery.start(serve_resource, settings, plugin)
+            task_status.started(plugins)
+
+
+def _open_events(wanted: str, config: Config, stack: contextlib.ExitStack) -> EventSource | None:
+    source = choose_source(wanted)
+    # Block-only discovery needs block events alone: the kernel filters the rest.
+    block_only = all(not r.include and not r.nx_gzip for r in config.resources)
+    try:
+        events = stack.enter_context(
+            NetlinkEvents(source, frozenset({"block"}) if block_only else None)
+        )
+    except OSError as err:
+        log.warning(
+            "no device events (%s uevents: %s): devices change only on rescans", source, err
+        )
+        return None
+    log.info("following %s device events%s", source, " (block only)" if block_only else "")
+    return events
+
+
+async def _follow(events: EventSource, plugins: list[Plugin]) -> None:
+    """Apply each batch of device events to every resource, at once."""
+    while True:
+        batch = await events.next_batch()
         for plugin in plugins:
-            await nursery.start(serve_resource, settings, plugin)
-        task_status.started(plugins)
+            assert plugin.tracker is not None
+            changed = plugin.tracker.rescan() if batch == RESCAN else plugin.tracker.apply(batch)
+            if changed:
+                _log_devices(plugin)
 
 
 async def serve_resource(
@@ -177,11 +235,11 @@ async def _first_of(*waiters: Callable[[], Awaitable[str]]) -> str:
     return results[0]
 
 
-async def _rescan_every(plugin: Plugin, settings: Settings) -> None:
+async def _rescan_every(plugin: Plugin) -> None:
     """discovery-strategy "time": a full rescan every scan-interval, as a safety net."""
     while True:
         await trio.sleep(plugin.resource.scan_interval)
-        scan(plugin, settings)
+        scan(plugin)
 
 
 async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:

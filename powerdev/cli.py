@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
             "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
         )
         p.add_argument(
+            "--uevents",
+            choices=("auto", "udev", "kernel", "off"),
+            default=_env("UEVENTS", "auto"),
+            help="device events to follow: udev (links made; needs /run/udev), kernel, "
+            "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
+        )
+        p.add_argument(
             "--sys-root",
             type=Path,
             default=Path(_env("SYS_ROOT", "/sys")),
@@ -114,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.config, resource_name=args.resource_name, socket_name=args.socket_name
             )
             settings = app.Settings(
-                plugin_dir=args.plugin_dir, dev_root=args.dev_root, sys_root=args.sys_root
+                plugin_dir=args.plugin_dir,
+                dev_root=args.dev_root,
+                sys_root=args.sys_root,
+                uevents=args.uevents,
             )
             trio.run(app.run_until_signalled, partial(app.run, settings, config))
         else:
@@ -127,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     socket_name=args.socket_name,
                     dev_root=args.dev_root,
                     sys_root=args.sys_root,
+                    uevents=args.uevents,
                 ),
             )
     except ConfigError as err:

@@ -63,6 +63,7 @@ async def run_local(
     socket_name: str = DEFAULT_SOCKET_NAME,
     dev_root: Path = Path("/dev"),
     sys_root: Path = Path("/sys"),
+    uevents: str = "auto",
     out: Callable[[str], None] | None = None,
     task_status: trio.TaskStatus[FakeKubelet] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -78,7 +79,9 @@ async def run_local(
 
         kubelet: FakeKubelet
         kubelet = FakeKubelet(plugin_dir, on_event=lambda e: say(describe(e, kubelet)))
-        settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev_root, sys_root=sys_root)
+        settings = app.Settings(
+            plugin_dir=plugin_dir, dev_root=dev_root, sys_root=sys_root, uevents=uevents
+        )
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(kubelet.run)
             await nursery.start(app.run, settings, config)

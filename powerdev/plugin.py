@@ -13,12 +13,16 @@ from powerdev import allocation
 from powerdev.allocation import DeviceGrant, Unit
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
+from powerdev.devices.tracker import Tracker
 
 
 class Plugin:
-    def __init__(self, resource: ResourceConfig, inventory: Inventory) -> None:
+    def __init__(
+        self, resource: ResourceConfig, inventory: Inventory, tracker: Tracker | None = None
+    ) -> None:
         self.resource = resource
         self.inventory = inventory
+        self.tracker = tracker  # keeps the inventory in step with the host (None in unit tests)
         self._units_key: tuple[int, int] | None = None
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}

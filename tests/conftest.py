@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -73,18 +74,47 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def daemon_and_kubelet(
-    tmp_path: Path, config: Config, *, dev_root: Path, sys_root: Path | None = None
+    tmp_path: Path,
+    config: Config,
+    *,
+    dev_root: Path,
+    sys_root: Path | None = None,
+    events: app.EventSource | None = None,
+    uevents: str = "off",
 ) -> AsyncIterator[Harness]:
-    """A fake kubelet and the daemon, in-process, over real unix sockets."""
+    """A fake kubelet and the daemon, in-process, over real unix sockets.
+    Device events come from `events` (a fake source) or, with uevents="auto"
+    or "kernel", from the real netlink monitor; by default there are none."""
     plugin_dir = tmp_path / "device-plugins"
     settings = app.Settings(
-        plugin_dir=plugin_dir, dev_root=dev_root, sys_root=sys_root or tmp_path / "sys"
+        plugin_dir=plugin_dir,
+        dev_root=dev_root,
+        sys_root=sys_root or tmp_path / "sys",
+        uevents=uevents,
     )
     async with asyncio_door(), trio.open_nursery() as nursery:
         kubelet = FakeKubelet(plugin_dir)
         await nursery.start(kubelet.run)
-        plugins = await nursery.start(app.run, settings, config)
+        plugins = await nursery.start(partial(app.run, settings, config, events=events))
         harness = Harness(kubelet, plugins, settings, nursery)
         await harness.wait_registered()
         yield harness
         nursery.cancel_scope.cancel()
+
+
+class ChannelEvents:
+    """A fake device-event source fed by a channel; what is queued is one batch."""
+
+    def __init__(self) -> None:
+        self.send, self._receive = trio.open_memory_channel(float("inf"))
+
+    async def next_batch(self):
+        batch = [await self._receive.receive()]
+        while True:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        if "rescan" in batch:
+            return "rescan"
+        return batch

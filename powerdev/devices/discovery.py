@@ -59,6 +59,10 @@ def probe(dev_root: Path, host_path: str) -> Device | None:
     return Device(device_id(host_path), host_path, kind, os.major(st.st_rdev), os.minor(st.st_rdev))
 
 
+def is_virtual_block(name: str) -> bool:
+    return name.startswith(_VIRTUAL_BLOCK_PREFIXES)
+
+
 def block_candidates(sys_root: Path) -> list[str]:
     """Host paths of the block devices the kernel lists: disks, partitions, dm-*."""
     class_block = sys_root / "class" / "block"
@@ -68,7 +72,7 @@ def block_candidates(sys_root: Path) -> list[str]:
         return []
     paths = []
     for name in names:
-        if name.startswith(_VIRTUAL_BLOCK_PREFIXES):
+        if is_virtual_block(name):
             continue
         paths.append(f"{HOST_DEV}/{_devname(class_block / name) or name}")
     return paths

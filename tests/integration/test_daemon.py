@@ -46,7 +46,7 @@ async def test_a_change_reaches_the_kubelet_as_a_whole_list(tmp_path, dev):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
             (dev / "dm-7").symlink_to("/dev/null")
             (dev / "dm-0").unlink()
-            app.scan(h.plugin, h.settings)
+            app.scan(h.plugin)
             await h.kubelet.wait_until(lambda k: "dm-7" in h.state().devices)
             assert sorted(h.state().devices) == ["dm-1", "dm-7", "mapper.mpatha"]
             assert h.state().updates == 2
@@ -107,7 +107,7 @@ async def test_two_streams_both_get_every_update(tmp_path, dev):
             (dev / "dm-9").symlink_to("/dev/null")
             while not seen:  # the second stream's first list comes at once
                 await trio.lowlevel.checkpoint()
-            app.scan(h.plugin, h.settings)
+            app.scan(h.plugin)
             await got.wait()
             await h.kubelet.wait_until(lambda k: "dm-9" in h.state().devices)
             assert seen[1] == sorted(h.state().devices) == ["dm-0", "dm-1", "dm-9", "mapper.mpatha"]

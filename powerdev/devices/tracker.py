@@ -1,0 +1,99 @@
+"""Keep one resource's device list in step with the host.
+
+Two ways in: a full rescan (at start, every scan-interval with the `time`
+strategy, or when events were lost), and device events, which re-probe only
+the paths they name. Either way the result is published to the inventory,
+which pushes it to every ListAndWatch stream.
+
+Health follows identity. A node that vanishes is removed from the list, and
+is listed again, Healthy, when it returns. A name that now points at a
+different device (another major:minor) is Unhealthy: it is not the device the
+kubelet handed out under that ID. It turns Healthy again once the original
+device is back under that name, or once the name goes away and returns
+(udev removes and re-adds a re-created map's links), or after a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.discovery import NX_GZIP, discover, is_virtual_block, matches_any, probe
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import HOST_DEV, Device
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvent:
+    """One uevent, as plain data."""
+
+    action: str  # add, remove, change, move, bind, unbind, ...
+    paths: tuple[str, ...]  # host paths: the node, then its links (udev source only)
+    subsystem: str
+    number: tuple[int, int] | None = None  # major, minor
+
+
+def wanted(resource: ResourceConfig, host_path: str, subsystem: str) -> bool:
+    """Would discovery list this path for this resource (if it is a device node)?"""
+    if matches_any(resource.exclude, host_path):
+        return False
+    if resource.nx_gzip and host_path == NX_GZIP:
+        return True
+    if resource.include:
+        return matches_any(resource.include, host_path)
+    name = host_path.removeprefix(HOST_DEV + "/")
+    return subsystem == "block" and "/" not in name and not is_virtual_block(name)
+
+
+class Tracker:
+    def __init__(
+        self, resource: ResourceConfig, inventory: Inventory, dev_root: Path, sys_root: Path
+    ) -> None:
+        self.resource = resource
+        self.inventory = inventory
+        self.dev_root = dev_root
+        self.sys_root = sys_root
+        self._devices: dict[str, Device] = {d.path: d for d in inventory.current.devices}
+        self._identity: dict[str, tuple[int, int]] = {
+            d.path: (d.major, d.minor) for d in inventory.current.devices
+        }
+
+    def rescan(self) -> bool:
+        """Discover everything again; True if the published list changed."""
+        found = discover(self.resource, self.dev_root, self.sys_root)
+        present = {d.path for d in found}
+        for path in list(self._identity):
+            if path not in present:
+                del self._identity[path]
+        self._devices = {d.path: self._judge(d) for d in found}
+        return self._publish()
+
+    def apply(self, events: list[DeviceEvent]) -> bool:
+        """Re-probe the paths these events name; True if the published list changed."""
+        paths: set[str] = set()
+        numbers = set()
+        for event in events:
+            paths.update(p for p in event.paths if wanted(self.resource, p, event.subsystem))
+            if event.number is not None:
+                numbers.add(event.number)
+        if numbers:  # links we track to a node that changed (the kernel source names no links)
+            paths.update(p for p, d in self._devices.items() if (d.major, d.minor) in numbers)
+        if not paths:
+            return False
+        for path in paths:
+            device = probe(self.dev_root, path)
+            if device is None:
+                self._devices.pop(path, None)
+                self._identity.pop(path, None)
+            else:
+                self._devices[path] = self._judge(device)
+        return self._publish()
+
+    def _judge(self, device: Device) -> Device:
+        first = self._identity.setdefault(device.path, (device.major, device.minor))
+        return device if first == (device.major, device.minor) else replace(device, healthy=False)
+
+    def _publish(self) -> bool:
+        devices = tuple(sorted(self._devices.values(), key=lambda d: d.path))
+        return self.inventory.publish(devices)

@@ -1,0 +1,129 @@
+"""Device events to inventory: what is re-probed, what appears, vanishes, sickens."""
+
+import pytest
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.tracker import DeviceEvent, Tracker, wanted
+from tests.conftest import make_dev_tree
+
+
+def tracker(tmp_path, resource, names=()):
+    dev = make_dev_tree(tmp_path / "dev", list(names))
+    t = Tracker(resource, Inventory(), dev, tmp_path / "sys")
+    t.rescan()
+    return t, dev
+
+
+def listed(t):
+    return {d.path: d.healthy for d in t.inventory.current.devices}
+
+
+INCLUDE = ResourceConfig(include=("/dev/dm-*", "/dev/mapper/*"), exclude=("/dev/dm-9",))
+
+
+@pytest.mark.parametrize(
+    ("resource", "path", "subsystem", "hit"),
+    [
+        (INCLUDE, "/dev/dm-3", "block", True),
+        (INCLUDE, "/dev/dm-9", "block", False),  # excluded
+        (INCLUDE, "/dev/sda", "block", False),
+        (INCLUDE, "/dev/mapper/mpatha", "block", True),
+        (ResourceConfig(), "/dev/sdb", "block", True),
+        (ResourceConfig(), "/dev/sdb1", "block", True),
+        (ResourceConfig(), "/dev/loop3", "block", False),  # left out of block discovery
+        (ResourceConfig(), "/dev/ttyS0", "tty", False),
+        (ResourceConfig(), "/dev/disk/by-id/x", "block", False),  # links are not block discovery
+        (ResourceConfig(nx_gzip=True), "/dev/crypto/nx-gzip", "misc", True),
+        (
+            ResourceConfig(nx_gzip=True, exclude=("/dev/crypto/*",)),
+            "/dev/crypto/nx-gzip",
+            "misc",
+            False,
+        ),
+    ],
+)
+def test_wanted(resource, path, subsystem, hit):
+    assert wanted(resource, path, subsystem) is hit
+
+
+def test_add_and_remove_events_change_only_what_they_name(tmp_path):
+    t, dev = tracker(tmp_path, INCLUDE, ["dm-0"])
+    version = t.inventory.current.version
+    (dev / "dm-1").symlink_to("/dev/null")
+    (dev / "dm-2").symlink_to("/dev/null")  # no event for it: not looked at
+    assert t.apply([DeviceEvent("add", ("/dev/dm-1",), "block", (253, 1))]) is True
+    assert listed(t) == {"/dev/dm-0": True, "/dev/dm-1": True}
+    assert t.inventory.current.version == version + 1
+    (dev / "dm-1").unlink()
+    assert t.apply([DeviceEvent("remove", ("/dev/dm-1",), "block", (253, 1))]) is True
+    assert listed(t) == {"/dev/dm-0": True}
+
+
+def test_events_that_match_nothing_publish_nothing(tmp_path):
+    t, _ = tracker(tmp_path, INCLUDE, ["dm-0", "sda"])
+    version = t.inventory.current.version
+    assert t.apply([DeviceEvent("change", ("/dev/sda",), "block", (8, 0))]) is False
+    assert t.apply([DeviceEvent("change", ("/dev/dm-0",), "block", (1, 3))]) is False  # same node
+    assert t.inventory.current.version == version
+
+
+def test_a_burst_becomes_one_exact_update(tmp_path):
+    t, dev = tracker(tmp_path, INCLUDE, [])
+    events = []
+    for i in range(500):
+        (dev / f"dm-{i}").symlink_to("/dev/null")
+        events.append(DeviceEvent("add", (f"/dev/dm-{i}",), "block", (253, i)))
+    for i in range(0, 500, 2):
+        (dev / f"dm-{i}").unlink()
+        events.append(DeviceEvent("remove", (f"/dev/dm-{i}",), "block", (253, i)))
+    version = t.inventory.current.version
+    assert t.apply(events) is True
+    assert t.inventory.current.version == version + 1
+    assert sorted(listed(t)) == sorted(f"/dev/dm-{i}" for i in range(1, 500, 2) if i != 9)
+
+
+def test_links_are_followed_by_their_node_number(tmp_path):
+    t, dev = tracker(tmp_path, ResourceConfig(include=("/dev/mapper/*",)), [])
+    (dev / "dm-0").symlink_to("/dev/null")
+    (dev / "mapper").mkdir()
+    (dev / "mapper" / "mpatha").symlink_to("../dm-0")
+    # the udev source names the links of a node
+    t.apply([DeviceEvent("add", ("/dev/dm-0", "/dev/mapper/mpatha"), "block", (1, 3))])
+    assert listed(t) == {"/dev/mapper/mpatha": True}
+    # the kernel source names only the node; its number finds the tracked link
+    (dev / "dm-0").unlink()
+    t.apply([DeviceEvent("remove", ("/dev/dm-0",), "block", (1, 3))])
+    assert listed(t) == {}
+
+
+def test_another_device_under_the_same_name_is_unhealthy_until_it_goes(tmp_path):
+    t, dev = tracker(tmp_path, INCLUDE, ["dm-0"])
+    event = DeviceEvent("change", ("/dev/dm-0",), "block", None)
+    (dev / "dm-0").unlink()
+    (dev / "dm-0").symlink_to("/dev/zero")  # 1:5 where 1:3 was
+    t.apply([event])
+    assert listed(t) == {"/dev/dm-0": False}
+    assert t.rescan() is False  # a rescan does not launder it
+    (dev / "dm-0").unlink()
+    (dev / "dm-0").symlink_to("/dev/null")  # the original is back
+    t.apply([event])
+    assert listed(t) == {"/dev/dm-0": True}
+    (dev / "dm-0").unlink()
+    (dev / "dm-0").symlink_to("/dev/zero")
+    t.apply([event])
+    assert listed(t) == {"/dev/dm-0": False}
+    (dev / "dm-0").unlink()  # the name goes away ...
+    t.apply([event])
+    assert listed(t) == {}
+    (dev / "dm-0").symlink_to("/dev/zero")  # ... and comes back: a new device, Healthy
+    t.apply([event])
+    assert listed(t) == {"/dev/dm-0": True}
+
+
+def test_rescan_is_exact(tmp_path):
+    t, dev = tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
+    (dev / "dm-0").unlink()
+    (dev / "dm-5").symlink_to("/dev/null")
+    assert t.rescan() is True
+    assert listed(t) == {"/dev/dm-1": True, "/dev/dm-5": True}
