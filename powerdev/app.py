@@ -23,6 +23,7 @@ import trio
 
 from powerdev.config import Config, ResourceConfig
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.linkdirs import LinkDirEvents, link_dirs
 from powerdev.devices.tracker import DeviceEvent, Tracker
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
@@ -89,14 +90,13 @@ async def run(
         tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
         plugins.append(Plugin(resource, inventory, tracker))
     with contextlib.ExitStack() as stack:
-        if events is None and settings.uevents != "off":
-            events = _open_events(settings.uevents, config, stack)
-        # The monitor is live before the first scan: nothing falls between them.
+        sources = [events] if events is not None else _open_sources(settings, config, stack)
+        # The sources are live before the first scan: nothing falls between them.
         for plugin in plugins:
             scan(plugin)
         async with asyncio_door(), trio.open_nursery() as nursery:
-            if events is not None:
-                nursery.start_soon(_follow, events, plugins)
+            for source in sources:
+                nursery.start_soon(_follow, source, plugins)
             for plugin in plugins:
                 if plugin.resource.strategy == "time":
                     nursery.start_soon(_rescan_every, plugin)
@@ -105,21 +105,31 @@ async def run(
             task_status.started(plugins)
 
 
-def _open_events(wanted: str, config: Config, stack: contextlib.ExitStack) -> EventSource | None:
-    source = choose_source(wanted)
+def _open_sources(
+    settings: Settings, config: Config, stack: contextlib.ExitStack
+) -> list[EventSource]:
+    """The netlink monitor (per settings.uevents) and the link-directory watch."""
+    sources: list[EventSource] = []
+    dirs = link_dirs(p for r in config.resources for p in r.include)
+    if dirs:
+        links = stack.enter_context(LinkDirEvents(settings.dev_root, dirs))
+        if links.watched:
+            log.info("watching %s for links", ", ".join(links.watched))
+            sources.append(links)
+    if settings.uevents == "off":
+        return sources
+    kind = choose_source(settings.uevents)
     # Block-only discovery needs block events alone: the kernel filters the rest.
     block_only = all(not r.include and not r.nx_gzip for r in config.resources)
     try:
-        events = stack.enter_context(
-            NetlinkEvents(source, frozenset({"block"}) if block_only else None)
+        sources.append(
+            stack.enter_context(NetlinkEvents(kind, frozenset({"block"}) if block_only else None))
         )
     except OSError as err:
-        log.warning(
-            "no device events (%s uevents: %s): devices change only on rescans", source, err
-        )
-        return None
-    log.info("following %s device events%s", source, " (block only)" if block_only else "")
-    return events
+        log.warning("no device events (%s uevents: %s): devices change only on rescans", kind, err)
+        return sources
+    log.info("following %s device events%s", kind, " (block only)" if block_only else "")
+    return sources
 
 
 async def _follow(events: EventSource, plugins: list[Plugin]) -> None:

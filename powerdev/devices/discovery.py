@@ -95,7 +95,7 @@ def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
     found: list[str] = []
     for pattern in patterns:
         rel_pattern = pattern.removeprefix(HOST_DEV).lstrip("/")
-        for rel in sorted(glob.glob(rel_pattern, root_dir=dev_root)):
+        for rel in sorted(glob.glob(rel_pattern, root_dir=dev_root, include_hidden=True)):
             host = f"{HOST_DEV}/{rel}"
             if matches(pattern, host):
                 found.append(host)

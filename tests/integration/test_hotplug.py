@@ -70,3 +70,20 @@ async def test_a_replaced_device_turns_unhealthy_on_the_kubelet(tmp_path):
             assert (h.state().capacity, h.state().allocatable) == (2, 1)
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert [d.host_path for d in grant.devices] == ["/dev/dm-0"]
+
+
+async def test_links_made_and_removed_in_a_watched_directory(tmp_path):
+    # udev makes /dev/mapper links after the kernel event; inotify sees them.
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
+    (dev / "mapper").mkdir()
+    (dev / "mapper" / "mpatha").symlink_to("../dm-0")
+    config = config_for('{"include-devices": ["/dev/mapper/*"]}')
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            assert h.state().devices == {"mapper.mpatha": "Healthy"}
+            (dev / "mapper" / ".tmp-link").symlink_to("../dm-1")
+            (dev / "mapper" / ".tmp-link").rename(dev / "mapper" / "mpathb")  # as udev does
+            await h.kubelet.wait_until(lambda k: "mapper.mpathb" in h.state().devices)
+            (dev / "mapper" / "mpatha").unlink()
+            await h.kubelet.wait_until(lambda k: "mapper.mpatha" not in h.state().devices)
+            assert h.state().devices == {"mapper.mpathb": "Healthy"}

@@ -127,3 +127,16 @@ def test_rescan_is_exact(tmp_path):
     (dev / "dm-5").symlink_to("/dev/null")
     assert t.rescan() is True
     assert listed(t) == {"/dev/dm-1": True, "/dev/dm-5": True}
+
+
+def test_link_dirs_are_the_literal_directories_below_dev():
+    from powerdev.devices.linkdirs import link_dirs
+
+    patterns = [
+        "/dev/mapper/*",
+        "/dev/dm-*",
+        "/dev/disk/by-*/x",
+        "/dev/disk/by-id/wwn-*",
+        "/dev/mapper/mpath?",
+    ]
+    assert link_dirs(patterns) == ["/dev/disk/by-id", "/dev/mapper"]

@@ -1,0 +1,78 @@
+"""Links appearing and vanishing in the directories include patterns name.
+
+udev makes links such as /dev/mapper/mpatha or /dev/disk/by-id/* after it has
+handled a device; kernel uevents never name them. An inotify watch on each
+literal directory of an include pattern (/dev/mapper for "/dev/mapper/*")
+turns their creation and removal into device events, with no polling.
+Directories with wildcards, and /dev itself (its nodes come with uevents),
+are not watched.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import posixpath
+from collections.abc import Iterable
+from pathlib import Path
+
+import trio
+from inotify_simple import INotify
+from inotify_simple import flags as F
+
+from powerdev.devices.discovery import to_local
+from powerdev.devices.model import HOST_DEV
+from powerdev.devices.tracker import DeviceEvent
+
+log = logging.getLogger(__name__)
+_NEW = F.CREATE | F.MOVED_TO
+_MASK = F.CREATE | F.MOVED_TO | F.DELETE | F.MOVED_FROM
+
+
+def link_dirs(patterns: Iterable[str]) -> list[str]:
+    """The literal host directories below /dev that the patterns point into."""
+    dirs = []
+    for pattern in patterns:
+        parent = posixpath.dirname(pattern)
+        if parent != HOST_DEV and parent.startswith(HOST_DEV + "/") and not glob.has_magic(parent):
+            dirs.append(parent)
+    return sorted(set(dirs))
+
+
+class LinkDirEvents:
+    """Use as a context manager; next_batch() like the netlink source."""
+
+    def __init__(self, dev_root: Path, host_dirs: list[str]) -> None:
+        self._inotify = INotify()
+        self._dirs: dict[int, str] = {}
+        for host_dir in host_dirs:
+            try:
+                wd = self._inotify.add_watch(to_local(dev_root, host_dir), _MASK)
+            except OSError as err:
+                log.info("not watching %s for links (%s); rescans will find them", host_dir, err)
+                continue
+            self._dirs[wd] = host_dir
+
+    @property
+    def watched(self) -> list[str]:
+        return sorted(self._dirs.values())
+
+    def __enter__(self) -> LinkDirEvents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        trio.lowlevel.notify_closing(self._inotify.fileno())
+        self._inotify.close()
+
+    async def next_batch(self) -> list[DeviceEvent]:
+        while True:
+            await trio.lowlevel.wait_readable(self._inotify.fileno())
+            batch = [
+                DeviceEvent(
+                    "add" if e.mask & _NEW else "remove", (f"{self._dirs[e.wd]}/{e.name}",), "link"
+                )
+                for e in self._inotify.read(timeout=0)
+                if e.wd in self._dirs and e.name
+            ]
+            if batch:
+                return batch
