@@ -30,6 +30,7 @@ from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
 from powerdev.plugin import Plugin
 from powerdev.rpc import PluginService, RegisterError, asyncio_door, register, serve
+from powerdev.status import StatusFile
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Settings:
     dev_root: Path = Path("/dev")
     sys_root: Path = Path("/sys")
     uevents: str = "auto"  # "auto", "udev", "kernel", or "off" (rescans only)
+    status_file: Path | None = None  # for `powerdev health`
 
 
 class EventSource(Protocol):
@@ -84,6 +86,7 @@ async def run(
     started() once every resource is serving (so not while the kubelet is absent)."""
     for warning in config.warnings:
         log.warning("%s", warning)
+    status = StatusFile(settings.status_file)
     plugins = []
     for resource in config.resources:
         inventory = Inventory()
@@ -101,7 +104,7 @@ async def run(
                 if plugin.resource.strategy == "time":
                     nursery.start_soon(_rescan_every, plugin)
             for plugin in plugins:
-                await nursery.start(serve_resource, settings, plugin)
+                await nursery.start(serve_resource, settings, plugin, status)
             task_status.started(plugins)
 
 
@@ -146,10 +149,16 @@ async def _follow(events: EventSource, plugins: list[Plugin]) -> None:
 async def serve_resource(
     settings: Settings,
     plugin: Plugin,
+    status: StatusFile | None = None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The re-registration loop for one resource; started() when first serving."""
+    status = status or StatusFile(None)
+    socket_path = settings.plugin_dir / plugin.resource.socket
+
+    def report(state: str) -> None:
+        status.set(plugin.resource.name, state, socket_path)
 
     def serving() -> None:
         nonlocal task_status
@@ -159,13 +168,17 @@ async def serve_resource(
     while True:
         try:
             with PluginDirWatch(settings.plugin_dir, plugin.resource.socket) as watch:
-                await _registrations(settings, plugin, watch, serving)
+                await _registrations(settings, plugin, watch, serving, report)
         except* DirectoryGone as group:
             log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
 
 
 async def _registrations(
-    settings: Settings, plugin: Plugin, watch: PluginDirWatch, serving: Callable[[], None]
+    settings: Settings,
+    plugin: Plugin,
+    watch: PluginDirWatch,
+    serving: Callable[[], None],
+    report: Callable[[str], None],
 ) -> None:
     """One registration per pass: serve, Register, wait for a reason to redo it."""
     resource = plugin.resource
@@ -174,6 +187,7 @@ async def _registrations(
     while True:
         if not watch.kubelet_socket.exists():
             log.info("waiting for the kubelet: %s does not exist yet", watch.kubelet_socket)
+            report("waiting")
         socket_path.unlink(missing_ok=True)
         new_kubelet = await watch.wait_for_kubelet()
         service = PluginService(plugin)
@@ -185,7 +199,10 @@ async def _registrations(
             await registration.start(serve, socket_path, [service])
             log.info("%s: serving on %s", resource.name, socket_path)
             serving()
-            registration.start_soon(_register_until_done, watch.kubelet_socket, resource, delay)
+            report("serving")
+            registration.start_soon(
+                _register_until_done, watch.kubelet_socket, resource, delay, report
+            )
 
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
             registration.cancel_scope.cancel()
@@ -206,7 +223,10 @@ def _stream_end_delay(quick_ends: int) -> float:
 
 
 async def _register_until_done(
-    kubelet_socket: Path, resource: ResourceConfig, first_delay: float = 0.0
+    kubelet_socket: Path,
+    resource: ResourceConfig,
+    first_delay: float = 0.0,
+    report: Callable[[str], None] = lambda state: None,
 ) -> None:
     """Register, retrying with backoff; each change of outcome is logged once."""
     await trio.sleep(first_delay)
@@ -228,6 +248,7 @@ async def _register_until_done(
             delay = min(longest, delay * 2)
             continue
         log.info("%s: registered with the kubelet", resource.name)
+        report("registered")
         return
 
 

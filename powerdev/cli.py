@@ -20,6 +20,7 @@ from powerdev.config import (
     load_config,
 )
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
+from powerdev.status import DEFAULT_STATUS_FILE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -92,6 +93,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(run)
 
+    run.add_argument(
+        "--status-file",
+        type=Path,
+        default=Path(_env("STATUS_FILE", DEFAULT_STATUS_FILE)),
+        help="where to record each resource's state for `powerdev health` "
+        f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
+    )
+
+    health = sub.add_parser(
+        "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
+    )
+    health.add_argument(
+        "--ready",
+        action="store_true",
+        help="also require every resource to be registered with the kubelet",
+    )
+    health.add_argument(
+        "--status-file",
+        type=Path,
+        default=Path(_env("STATUS_FILE", DEFAULT_STATUS_FILE)),
+        help=f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
+    )
+    health.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for the plugin's socket to answer [default 3]",
+    )
+    health.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
     local = sub.add_parser(
         "local",
         help="run the daemon against a fake kubelet in a temp dir and print what the kubelet sees",
@@ -113,8 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_level != "debug":
         logging.getLogger("grpclib").setLevel(logging.WARNING)
     os.umask(0o077)  # our sockets are for the kubelet (root) only
-    from powerdev import app, local  # after logging is set up
+    from powerdev import app, health, local  # after logging is set up
 
+    if args.command == "health":
+        ok = trio.run(
+            partial(
+                health.check,
+                args.status_file,
+                ready=args.ready,
+                answer_seconds=args.timeout,
+                say=print,
+            )
+        )
+        return 0 if ok else 1
     try:
         if args.command == "run":
             config = load_config(
@@ -125,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 dev_root=args.dev_root,
                 sys_root=args.sys_root,
                 uevents=args.uevents,
+                status_file=args.status_file,
             )
             trio.run(app.run_until_signalled, partial(app.run, settings, config))
         else:

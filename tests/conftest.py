@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from inotify_simple import INotify
+from inotify_simple import flags as iflags
 
 from powerdev import app
 from powerdev.config import Config, ResourceConfig, parse_config
@@ -100,6 +102,21 @@ async def daemon_and_kubelet(
         await harness.wait_registered()
         yield harness
         nursery.cancel_scope.cancel()
+
+
+async def wait_for_file(path: Path, predicate) -> str:
+    """The file's text, once predicate(text) holds; woken by inotify, never by a timer."""
+    with INotify() as inotify:
+        inotify.add_watch(path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE)
+        while True:
+            try:
+                text = path.read_text()  # noqa: ASYNC240 (a tiny local file)
+            except FileNotFoundError:
+                text = None
+            if text is not None and predicate(text):
+                return text
+            await trio.lowlevel.wait_readable(inotify.fileno())
+            inotify.read(timeout=0)
 
 
 class ChannelEvents:

@@ -10,7 +10,7 @@ import trio
 
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
-from tests.conftest import make_dev_tree
+from tests.conftest import make_dev_tree, wait_for_file
 
 LIMIT = 20
 RESOURCE = "power-dev-plugin/dev"
@@ -110,3 +110,63 @@ def test_options_come_from_the_environment_too(tmp_path):
         powerdev_command("run"), capture_output=True, text=True, timeout=LIMIT, check=False, env=env
     )
     assert done.returncode == 2 and "field 'upper-limit'" in done.stderr
+
+
+def health(status_file: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        powerdev_command("health", "--status-file", str(status_file), "--timeout", "5", *flags),
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+
+
+async def test_health_follows_the_daemon_from_waiting_to_registered_to_gone(tmp_path):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/dm-*"]}')
+    plugin_dir, status = tmp_path / "device-plugins", tmp_path / "run" / "status.json"
+    status.parent.mkdir()
+    assert health(status).returncode == 1  # no daemon, no status
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            proc = await trio.lowlevel.open_process(
+                powerdev_command(
+                    "run",
+                    "--plugin-dir",
+                    str(plugin_dir),
+                    "--config",
+                    str(config),
+                    "--dev-root",
+                    str(dev),
+                    "--status-file",
+                    str(status),
+                    "--uevents",
+                    "off",
+                )
+            )
+            try:
+                await wait_for_file(status, lambda text: '"waiting"' in text)
+                live, ready = await trio.to_thread.run_sync(
+                    lambda: (health(status), health(status, "--ready"))
+                )
+                assert live.returncode == 0, live.stdout
+                assert "waiting for the kubelet" in live.stdout
+                assert ready.returncode == 1
+                kubelet = FakeKubelet(plugin_dir)
+                await nursery.start(kubelet.run)
+                await kubelet.wait_until(lambda k: k.registrations == 1)
+                await wait_for_file(status, lambda text: '"registered"' in text)
+                ready = await trio.to_thread.run_sync(health, status, "--ready")
+                assert ready.returncode == 0, ready.stdout
+                assert "registered, socket" in ready.stdout and "answers" in ready.stdout
+                proc.kill()  # gone without cleaning up: the status file lies now
+                await proc.wait()
+                (plugin_dir / "power-dev.csi.ibm.com-reg.sock").unlink(missing_ok=True)
+                gone = await trio.to_thread.run_sync(health, status)
+                assert gone.returncode == 1 and "does not answer" in gone.stdout
+            finally:
+                proc.kill()
+                await proc.wait()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,57 @@
+"""What each resource is doing, in a small JSON file, for `powerdev health`.
+
+The daemon writes the file (atomically, on every change of state only); the
+health command reads it and checks the claim by dialling the plugin's socket.
+States: "waiting" (no kubelet.sock yet), "serving" (socket up, Register not
+yet accepted), "registered".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+DEFAULT_STATUS_FILE = "/run/powerdev/status.json"
+
+
+class StatusFile:
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.resources: dict[str, dict[str, object]] = {}
+        self._warned = False
+
+    def set(self, resource: str, state: str, socket: Path) -> None:
+        if self.resources.get(resource, {}).get("state") == state:
+            return
+        self.resources[resource] = {"state": state, "socket": str(socket), "since": time.time()}
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"pid": os.getpid(), "resources": self.resources}))
+            os.replace(tmp, self.path)
+        except OSError as err:
+            if not self._warned:
+                log.warning(
+                    "cannot write the status file %s (%s); `powerdev health` will report unknown",
+                    self.path,
+                    err,
+                )
+                self._warned = True
+
+
+def read_status(path: Path) -> dict[str, dict[str, object]]:
+    """The resources section of a status file; {} if it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        return dict(data.get("resources", {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
