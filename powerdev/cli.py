@@ -101,6 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
         f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
     )
 
+    bench = sub.add_parser(
+        "bench", help="measure the real daemon against the fake kubelet (prints a table)"
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small smoke run (100 devices, a few calls) instead of the full one",
+    )
+    bench.add_argument(
+        "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
+    )
+    bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    bench.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
     health = sub.add_parser(
         "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
     )
@@ -145,6 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("grpclib").setLevel(logging.WARNING)
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     from powerdev import app, health, local  # after logging is set up
+
+    if args.command == "bench":
+        from powerdev import bench as bench_module
+
+        plan = (
+            bench_module.QUICK
+            if args.quick
+            else bench_module.Plan(sizes=tuple(int(n) for n in args.sizes.split(",")))
+        )
+        trio.run(partial(bench_module.run_bench, plan, args.json))
+        return 0
 
     if args.command == "health":
         ok = trio.run(

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio_asyncio
 from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.const import Cardinality, Status
+from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from powerdev._proto.v1beta1 import (
@@ -25,6 +27,18 @@ from powerdev._proto.v1beta1 import (
 )
 from powerdev.allocation import DeviceGrant
 from powerdev.rpc.door import serve
+
+
+class _RawCodec(CodecBase):
+    """Bytes in, bytes out: for timing calls without protobuf work on our side."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return bytes(message)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        return data
 
 
 class RegisterRefused(Exception):
@@ -84,6 +98,7 @@ class PluginClient:
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
         self._channel: Channel | None = None
+        self._raw_channel: Channel | None = None
 
     def _stub(self) -> DevicePluginStub:
         if self._channel is None:
@@ -166,7 +181,33 @@ class PluginClient:
         except (OSError, StreamTerminatedError) as err:
             return f"rpc error: UNAVAILABLE: {err or type(err).__name__}"
 
+    async def allocate_bytes(self, ids: Sequence[str]) -> int:
+        """Allocate for one container, returning the size of the raw answer.
+        The answer is not decoded, so a benchmark times the plugin, not this
+        client's protobuf decoding (the real kubelet decodes in Go)."""
+
+        async def call() -> int:
+            if self._raw_channel is None:
+                self._raw_channel = Channel(path=str(self.socket_path), codec=_RawCodec())
+            request = bytes(
+                AllocateRequest(
+                    container_requests=[ContainerAllocateRequest(devices_i_ds=list(ids))]
+                )
+            )
+            async with self._raw_channel.request(
+                "/v1beta1.DevicePlugin/Allocate", Cardinality.UNARY_UNARY, bytes, bytes
+            ) as stream:
+                await stream.send_message(request, end=True)
+                reply = await stream.recv_message()
+            return len(reply or b"")
+
+        try:
+            return await trio_asyncio.aio_as_trio(call)()
+        except GRPCError as err:
+            raise PluginCallError(err.status.name, err.message or "") from None
+
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        for channel in (self._channel, self._raw_channel):
+            if channel is not None:
+                channel.close()
+        self._channel = self._raw_channel = None

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from powerdev.testing import FIRST_LOOP as FIRST
+from powerdev.testing import loop_control
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
-from tests.kernel.loops import FIRST, loop_control
 
 pytestmark = [
     needs_root,

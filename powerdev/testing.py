@@ -1,0 +1,69 @@
+"""Helpers to exercise powerdev on a real machine: device trees made with
+mknod (or links to /dev/null without root), and loop devices made and
+removed through /dev/loop-control, which give real kernel uevents. Used by
+the tests and by `powerdev bench`."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+FIRST_LOOP = 300  # indexes 300-399, matched by /dev/loop3[0-9][0-9], far from losetup's
+LOOP_PATTERN = "/dev/loop3[0-9][0-9]"
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def make_nodes(root: Path, names: list[str]) -> str:
+    """Character device nodes (1:3, like /dev/null) under root: made with
+    mknod as root, else links to /dev/null. Returns which it used."""
+    root.mkdir(parents=True, exist_ok=True)
+    real = is_root()
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if real:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        else:
+            path.symlink_to("/dev/null")
+    return "mknod" if real else "links to /dev/null"
+
+
+class LoopControl:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.made: set[int] = set()
+
+    def add(self, index: int) -> str:
+        fcntl.ioctl(self.fd, LOOP_CTL_ADD, index)
+        self.made.add(index)
+        return f"loop{index}"
+
+    def remove(self, index: int) -> None:
+        fcntl.ioctl(self.fd, LOOP_CTL_REMOVE, index)
+        self.made.discard(index)
+
+
+@contextlib.contextmanager
+def loop_control() -> Iterator[LoopControl]:
+    """Loop devices made here are removed on the way out, whatever happened."""
+    fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    control = LoopControl(fd)
+    try:
+        for index in range(FIRST_LOOP, FIRST_LOOP + 100):  # leftovers of an interrupted run
+            with contextlib.suppress(OSError):
+                control.remove(index)
+        yield control
+    finally:
+        for index in sorted(control.made):
+            with contextlib.suppress(OSError):
+                control.remove(index)
+        os.close(fd)
