@@ -29,7 +29,7 @@ from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
 from powerdev.plugin import Plugin
-from powerdev.rpc import PluginService, RegisterError, asyncio_door, register, serve
+from powerdev.rpc import Answers, PluginService, RegisterError, asyncio_door, register, serve
 from powerdev.status import StatusFile
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,7 @@ async def _registrations(
     """One registration per pass: serve, Register, wait for a reason to redo it."""
     resource = plugin.resource
     socket_path = settings.plugin_dir / resource.socket
+    answers = Answers(plugin)  # encoded replies, kept across registrations
     quick_ends = 0  # registrations in a row whose stream the kubelet ended quickly
     while True:
         if not watch.kubelet_socket.exists():
@@ -190,7 +191,7 @@ async def _registrations(
             report("waiting")
         socket_path.unlink(missing_ok=True)
         new_kubelet = await watch.wait_for_kubelet()
-        service = PluginService(plugin)
+        service = PluginService(plugin, answers)
         began = trio.current_time()
         # A kubelet that keeps ending our stream (say, another plugin took the
         # resource) gets Register with backoff; a kubelet that started anew, at once.

@@ -7,12 +7,14 @@ registration.py (the Register call), kubelet_side.py (what a kubelet does:
 serve Registration, dial a plugin; used by the fake kubelet).
 """
 
+from powerdev.rpc.answers import Answers
 from powerdev.rpc.door import asyncio_door, serve
 from powerdev.rpc.kubelet_side import PluginClient, RegisterRefused, serve_registration
 from powerdev.rpc.plugin_service import PluginService
 from powerdev.rpc.registration import RegisterError, register
 
 __all__ = [
+    "Answers",
     "PluginClient",
     "PluginService",
     "RegisterError",

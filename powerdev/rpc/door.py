@@ -7,9 +7,11 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio_asyncio
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.server import Server
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ async def serve(
     out the server is closed (its calls cancelled) and the socket removed,
     unless someone else has put a new file at that path meanwhile.
     """
-    server = Server(handlers)
+    server = Server(handlers, codec=PassThroughCodec())
     await trio_asyncio.aio_as_trio(server.start)(path=str(path))
     bound = os.stat(path)
     try:
@@ -50,6 +52,15 @@ async def serve(
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
             _remove_if_same(path, bound)
+
+
+class PassThroughCodec(ProtoCodec):
+    """Protobuf, except that a reply given as bytes is already encoded."""
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if isinstance(message, bytes):
+            return message
+        return super().encode(message, message_type)
 
 
 def _remove_if_same(path: Path, bound: os.stat_result) -> None:

@@ -12,12 +12,9 @@ from grpclib.server import Stream
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
     AllocateResponse,
-    ContainerAllocateResponse,
     ContainerPreferredAllocationResponse,
-    Device,
     DevicePluginBase,
     DevicePluginOptions,
-    DeviceSpec,
     Empty,
     ListAndWatchResponse,
     PreferredAllocationRequest,
@@ -25,11 +22,10 @@ from powerdev._proto.v1beta1 import (
     PreStartContainerRequest,
     PreStartContainerResponse,
 )
-from powerdev.allocation import AllocationRefused, DeviceGrant
-from powerdev.devices.inventory import Snapshot
+from powerdev.allocation import AllocationRefused
 from powerdev.plugin import Plugin
+from powerdev.rpc.answers import Answers
 
-HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 MAX_PREFERRED_IDS = 100_000  # a bound on work for one GetPreferredAllocation
 
@@ -40,14 +36,11 @@ class PluginService(DevicePluginBase):
     our Register) ends: the kubelet will not dial again, so we must register
     again."""
 
-    def __init__(self, plugin: Plugin) -> None:
+    def __init__(self, plugin: Plugin, answers: Answers | None = None) -> None:
         self._plugin = plugin
+        self._answers = answers or Answers(plugin)
         self.kubelet_stream_ended = trio.Event()
         self.streams_opened = 0
-        self._list_key: tuple[int, int] | None = None
-        self._list_message = ListAndWatchResponse()
-        self._grant_source: tuple[DeviceGrant, ...] | None = None
-        self._grant_message = ContainerAllocateResponse()
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
         return DevicePluginOptions(
@@ -61,7 +54,8 @@ class PluginService(DevicePluginBase):
             )
         except AllocationRefused as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
-        return AllocateResponse(container_responses=[self._container_answer(g) for g in grants])
+        # Already encoded: the door's codec sends bytes as they are.
+        return self._answers.allocate(grants)  # type: ignore[return-value]
 
     async def get_preferred_allocation(
         self, preferred_allocation_request: PreferredAllocationRequest
@@ -112,35 +106,8 @@ class PluginService(DevicePluginBase):
             sent = 0
             while True:
                 snapshot = await wait_newer(sent)
-                await stream.send_message(self._list_answer(snapshot))
+                await stream.send_message(self._answers.list_and_watch(snapshot))
                 sent = snapshot.version
         finally:
             if from_kubelet:
                 self.kubelet_stream_ended.set()
-
-    def _list_answer(self, snapshot: Snapshot) -> ListAndWatchResponse:
-        key = (snapshot.version, self._plugin.resource.upper_limit)
-        if key != self._list_key:
-            self._list_message = ListAndWatchResponse(
-                devices=[
-                    Device(id=u.id, health=HEALTHY if u.healthy else UNHEALTHY)
-                    for u in self._plugin.units(snapshot)
-                ]
-            )
-            self._list_key = key
-        return self._list_message
-
-    def _container_answer(self, grant: tuple[DeviceGrant, ...]) -> ContainerAllocateResponse:
-        if grant is not self._grant_source:
-            self._grant_message = ContainerAllocateResponse(
-                devices=[
-                    DeviceSpec(
-                        container_path=g.container_path,
-                        host_path=g.host_path,
-                        permissions=g.permissions,
-                    )
-                    for g in grant
-                ]
-            )
-            self._grant_source = grant
-        return self._grant_message

@@ -1,0 +1,68 @@
+"""Replies joined from cached pieces are byte for byte what a full encoding gives."""
+
+from powerdev._proto.v1beta1 import (
+    AllocateResponse,
+    ContainerAllocateResponse,
+    Device,
+    DeviceSpec,
+    ListAndWatchResponse,
+)
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device as Node
+from powerdev.plugin import Plugin
+from powerdev.rpc.answers import Answers
+
+NODES = tuple(Node(f"dm-{i}", f"/dev/dm-{i}", "b", 253, i, healthy=i % 4 != 3) for i in range(50))
+
+
+def full_list(plugin):
+    return bytes(
+        ListAndWatchResponse(
+            devices=[
+                Device(id=u.id, health="Healthy" if u.healthy else "Unhealthy")
+                for u in plugin.units()
+            ]
+        )
+    )
+
+
+def test_list_matches_a_full_encoding_across_changes():
+    plugin = Plugin(ResourceConfig(), Inventory(NODES))
+    answers = Answers(plugin)
+    assert answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
+    plugin.inventory.publish((*NODES[10:], Node("sdx", "/dev/sdx", "b", 8, 0)))
+    assert answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
+    plugin.inventory.publish(())
+    assert answers.list_and_watch(plugin.inventory.current) == b"" == full_list(plugin)
+
+
+def test_upper_limit_list():
+    plugin = Plugin(ResourceConfig(upper_limit=3), Inventory(NODES))
+    assert Answers(plugin).list_and_watch(plugin.inventory.current) == full_list(plugin)
+
+
+def test_allocate_matches_a_full_encoding_for_several_containers():
+    plugin = Plugin(ResourceConfig(permissions="rwm"), Inventory(NODES))
+    answers = Answers(plugin)
+    grants = plugin.allocate([["dm-0"], ["dm-1"], ["dm-2"]])
+    container = ContainerAllocateResponse(
+        devices=[
+            DeviceSpec(container_path=n.path, host_path=n.path, permissions="rwm")
+            for n in NODES
+            if n.healthy
+        ]
+    )
+    expected = bytes(AllocateResponse(container_responses=[container] * 3))
+    assert answers.allocate(grants) == expected
+    decoded = AllocateResponse().parse(answers.allocate(grants))
+    assert len(decoded.container_responses) == 3
+    assert decoded.container_responses[2].devices[0].host_path == "/dev/dm-0"
+
+
+def test_an_empty_grant_is_one_empty_container():
+    plugin = Plugin(ResourceConfig(), Inventory(()))
+    answers = Answers(plugin)
+    assert answers.allocate(plugin.allocate([[]])) == bytes(
+        AllocateResponse(container_responses=[ContainerAllocateResponse()])
+    )
