@@ -201,8 +201,14 @@ async def _registrations(
             log.info("%s: serving on %s", resource.name, socket_path)
             serving()
             report("serving")
+
+            def registered(state: str) -> None:
+                report(state)
+                if state == "registered":  # encode Allocate's pieces now, not at a pod's admission
+                    answers.allocate(plugin.allocate([[]]))
+
             registration.start_soon(
-                _register_until_done, watch.kubelet_socket, resource, delay, report
+                _register_until_done, watch.kubelet_socket, resource, delay, registered
             )
 
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))

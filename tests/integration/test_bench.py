@@ -1,0 +1,29 @@
+"""`powerdev bench --quick` runs end to end; figures are reported, never asserted."""
+
+import json
+import subprocess
+import sys
+
+
+def test_quick_bench_reports_every_measure(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "powerdev", "bench", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    measures = {row["measure"] for row in report["rows"]}
+    assert {
+        "start to first full list",
+        "Allocate",
+        "RSS",
+        "idle CPU over 1 s",
+        "kubelet restart to re-registration",
+    } <= measures
+    allocate = next(r for r in report["rows"] if r["measure"] == "Allocate")
+    assert allocate["n"] == 20 and allocate["answer_bytes"] > 0
+    assert "| measure | devices | result |" in done.stdout
