@@ -165,12 +165,22 @@ async def serve_resource(
         task_status.started()
         task_status = trio.TASK_STATUS_IGNORED
 
+    failures = 0
     while True:
         try:
             with PluginDirWatch(settings.plugin_dir, plugin.resource.socket) as watch:
                 await _registrations(settings, plugin, watch, serving, report)
         except* DirectoryGone as group:
             log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
+        except* OSError as group:
+            # A socket or directory that a kubelet changed under our feet:
+            # never a reason to exit, which would cost a pod restart.
+            failures += 1
+            delay = min(REGISTER_BACKOFF[1], REGISTER_BACKOFF[0] * 2 ** min(failures, 10))
+            log.error(
+                "%s: %s; trying again in %.2fs", plugin.resource.name, group.exceptions[0], delay
+            )
+            await trio.sleep(delay)
 
 
 async def _registrations(

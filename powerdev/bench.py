@@ -30,6 +30,17 @@ from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, is_root, loop_control, make_nodes
 
 STOP_TIMEOUT = 10.0
+WAIT_LIMIT = 60.0  # no single wait in the bench may take longer
+
+
+async def wait_for(
+    kubelet: FakeKubelet, what: str, predicate: Callable[[FakeKubelet], bool]
+) -> None:
+    try:
+        with trio.fail_after(WAIT_LIMIT):
+            await kubelet.wait_until(predicate)
+    except trio.TooSlowError:
+        raise RuntimeError(f"bench: {what} did not happen within {WAIT_LIMIT:.0f}s") from None
 
 
 @dataclass
@@ -139,8 +150,10 @@ async def measure_size(
             began = time.perf_counter()
             await daemon.start()
             try:
-                await kubelet.wait_until(
-                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].capacity == n
+                await wait_for(
+                    kubelet,
+                    "the first full list",
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].capacity == n,
                 )
                 first = time.perf_counter() - began
                 results.add("start to first full list", n, ms=round(first * 1000, 1))
@@ -173,13 +186,19 @@ async def measure_size(
                     for i in range(plan.restarts):
                         t = time.perf_counter()
                         await kubelet.restart()
-                        await kubelet.wait_until(lambda k, want=i + 2: k.registrations >= want)
+                        await wait_for(
+                            kubelet,
+                            "re-registration",
+                            lambda k, want=i + 2: k.registrations >= want,
+                        )
                         registered.append(time.perf_counter() - t)
-                        await kubelet.wait_until(
+                        await wait_for(
+                            kubelet,
+                            "the first list after a restart",
                             lambda k: (
                                 k.resources[RESOURCE].connected
                                 and k.resources[RESOURCE].updates > 0
-                            )
+                            ),
                         )
                         listed.append(time.perf_counter() - t)
                     results.add("kubelet restart to re-registration", n, **spread(registered))
@@ -225,22 +244,30 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
             daemon = Daemon(plugin_dir, config, Path("/dev"), "kernel")
             await daemon.start()
             try:
-                await kubelet.wait_until(
-                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates > 0
+                await wait_for(
+                    kubelet,
+                    "registration",
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates > 0,
                 )
                 samples: dict[str, list[float]] = {"add": [], "remove": []}
                 for i in range(plan.uevents // 2):
                     index = FIRST_LOOP + i % 100
                     name = f"loop{index}"
                     loops.add(index)
-                    await kubelet.wait_until(lambda k, n=name: n in k.resources[RESOURCE].devices)
+                    await wait_for(
+                        kubelet,
+                        f"{name} in the list",
+                        lambda k, n=name: n in k.resources[RESOURCE].devices,
+                    )
                     samples["add"].append(time.perf_counter() - arrived[("add", name)])
                     # LOOP_CTL_REMOVE blocks for ~40 ms in the kernel; its uevent
                     # comes during that time, so run it beside the daemon.
                     async with trio.open_nursery() as removing:
                         removing.start_soon(trio.to_thread.run_sync, loops.remove, index)
-                        await kubelet.wait_until(
-                            lambda k, n=name: n not in k.resources[RESOURCE].devices
+                        await wait_for(
+                            kubelet,
+                            f"{name} gone from the list",
+                            lambda k, n=name: n not in k.resources[RESOURCE].devices,
                         )
                         samples["remove"].append(time.perf_counter() - arrived[("remove", name)])
                 for action, values in samples.items():

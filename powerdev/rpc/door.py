@@ -42,7 +42,12 @@ async def serve(
     """
     server = Server(handlers, codec=PassThroughCodec())
     await trio_asyncio.aio_as_trio(server.start)(path=str(path))
-    bound = os.stat(path)
+    try:
+        bound: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        # Deleted the moment it was made (a kubelet starting up deletes every
+        # socket): whoever watches the directory will see it and serve again.
+        bound = None
     try:
         task_status.started()
         await trio.sleep_forever()
@@ -51,7 +56,8 @@ async def serve(
             with trio.move_on_after(CLOSE_TIMEOUT):
                 server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
-            _remove_if_same(path, bound)
+            if bound is not None:
+                _remove_if_same(path, bound)
 
 
 class PassThroughCodec(ProtoCodec):

@@ -217,3 +217,28 @@ async def test_preferred_allocation_answers_though_not_advertised(tmp_path, dev)
             with pytest.raises(PluginCallError) as err:
                 await client.preferred(["dm-0"], [], -1)
             assert err.value.status == "INVALID_ARGUMENT"
+
+
+async def test_a_socket_deleted_the_moment_it_is_bound_is_served_again(
+    tmp_path, dev, monkeypatch, caplog
+):
+    # A kubelet that starts up deletes every socket; it can hit ours between
+    # bind and our first look at it. The daemon must shrug and serve again.
+    import powerdev.rpc.door as door
+
+    real_stat = os.stat
+    hits = []
+
+    def stat_after_a_kubelet_swept(path, *args, **kwargs):
+        if str(path).endswith(".csi.ibm.com-reg.sock") and not hits and os.path.lexists(path):
+            hits.append(path)
+            os.unlink(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(door.os, "stat", stat_after_a_kubelet_swept)
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            assert hits  # the sweep happened, and yet:
+            assert h.state().capacity == 3
+            assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
