@@ -212,20 +212,23 @@ async def _registrations(
             serving()
             report("serving")
 
-            def registered(state: str) -> None:
-                report(state)
-                if state == "registered":  # encode Allocate's pieces now, not at a pod's admission
-                    answers.allocate(plugin.allocate([[]]))
-
             registration.start_soon(
-                _register_until_done, watch.kubelet_socket, resource, delay, registered
+                _register_until_done, watch.kubelet_socket, resource, delay, report
             )
+            registration.start_soon(_warm_allocate, service, answers, plugin)
 
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
             registration.cancel_scope.cancel()
         log.info("%s: %s; serving and registering again", resource.name, reason)
         quick = trio.current_time() - began < STABLE_AFTER
         quick_ends = quick_ends + 1 if reason == STREAM_ENDED and quick and not new_kubelet else 0
+
+
+async def _warm_allocate(service: PluginService, answers: Answers, plugin: Plugin) -> None:
+    """Once the kubelet has its first list, encode Allocate's answer, so that
+    the first pod's admission does not pay for it."""
+    await service.kubelet_list_sent.wait()
+    answers.allocate(plugin.allocate([[]]))
 
 
 async def _stream_end(service: PluginService) -> str:

@@ -40,6 +40,7 @@ class PluginService(DevicePluginBase):
         self._plugin = plugin
         self._answers = answers or Answers(plugin)
         self.kubelet_stream_ended = trio.Event()
+        self.kubelet_list_sent = trio.Event()
         self.streams_opened = 0
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
@@ -108,6 +109,8 @@ class PluginService(DevicePluginBase):
                 snapshot = await wait_newer(sent)
                 await stream.send_message(self._answers.list_and_watch(snapshot))
                 sent = snapshot.version
+                if from_kubelet:
+                    self.kubelet_list_sent.set()
         finally:
             if from_kubelet:
                 self.kubelet_stream_ended.set()
