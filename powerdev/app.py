@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +23,8 @@ from typing import Protocol
 
 import trio
 
-from powerdev.config import Config, ResourceConfig
+from powerdev.config import Config, ConfigError, ResourceConfig, load_config
+from powerdev.configwatch import ConfigWatch
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.linkdirs import LinkDirEvents, link_dirs
 from powerdev.devices.tracker import DeviceEvent, Tracker
@@ -47,6 +50,7 @@ class Settings:
     sys_root: Path = Path("/sys")
     uevents: str = "auto"  # "auto", "udev", "kernel", or "off" (rescans only)
     status_file: Path | None = None  # for `powerdev health`
+    config_path: Path | None = None  # watched and reloaded when set
 
 
 class EventSource(Protocol):
@@ -82,8 +86,10 @@ async def run(
     task_status: trio.TaskStatus[list[Plugin]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve every resource of `config` until cancelled. Device events come
-    from `events`, or from a netlink monitor chosen by settings.uevents.
-    started() once every resource is serving (so not while the kubelet is absent)."""
+    from `events`, or from a netlink monitor chosen by settings.uevents, and
+    from the link directories the patterns name. With settings.config_path,
+    config changes (inotify, SIGHUP) are applied as they come. started()
+    once every resource is serving (so not while the kubelet is absent)."""
     for warning in config.warnings:
         log.warning("%s", warning)
     status = StatusFile(settings.status_file)
@@ -93,7 +99,14 @@ async def run(
         tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
         plugins.append(Plugin(resource, inventory, tracker))
     with contextlib.ExitStack() as stack:
-        sources = [events] if events is not None else _open_sources(settings, config, stack)
+        links = None
+        if events is not None:
+            sources = [events]
+        else:
+            links = stack.enter_context(LinkDirEvents(settings.dev_root, []))
+            sources = [links, *_open_netlink(settings.uevents, stack)]
+        reloader = Reloader(settings, plugins, links)
+        reloader.watch_links()
         # The sources are live before the first scan: nothing falls between them.
         for plugin in plugins:
             scan(plugin)
@@ -101,38 +114,107 @@ async def run(
             for source in sources:
                 nursery.start_soon(_follow, source, plugins)
             for plugin in plugins:
-                if plugin.resource.strategy == "time":
-                    nursery.start_soon(_rescan_every, plugin)
+                nursery.start_soon(_rescan_every, plugin, reloader)
+            if settings.config_path is not None:
+                await nursery.start(reloader.run)
             for plugin in plugins:
                 await nursery.start(serve_resource, settings, plugin, status)
             task_status.started(plugins)
 
 
-def _open_sources(
-    settings: Settings, config: Config, stack: contextlib.ExitStack
-) -> list[EventSource]:
-    """The netlink monitor (per settings.uevents) and the link-directory watch."""
-    sources: list[EventSource] = []
-    dirs = link_dirs(p for r in config.resources for p in r.include)
-    if dirs:
-        links = stack.enter_context(LinkDirEvents(settings.dev_root, dirs))
-        if links.watched:
-            log.info("watching %s for links", ", ".join(links.watched))
-            sources.append(links)
-    if settings.uevents == "off":
-        return sources
-    kind = choose_source(settings.uevents)
-    # Block-only discovery needs block events alone: the kernel filters the rest.
-    block_only = all(not r.include and not r.nx_gzip for r in config.resources)
+class Reloader:
+    """Applies a changed config.json to the running resources. A bad file is
+    logged (file, field, fix) and the last good config stays in force."""
+
+    def __init__(
+        self, settings: Settings, plugins: list[Plugin], links: LinkDirEvents | None
+    ) -> None:
+        self.settings = settings
+        self.plugins = plugins
+        self.links = links
+        self.applied = 0  # configs applied since start (for tests and logs)
+        self._changed = trio.Event()
+
+    async def wait_applied(self) -> None:
+        await self._changed.wait()
+
+    def watch_links(self) -> None:
+        if self.links is not None:
+            added = self.links.watch(link_dirs(p for x in self.plugins for p in x.resource.include))
+            if added:
+                log.info("watching %s for links", ", ".join(added))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.settings.config_path is not None
+        with (
+            ConfigWatch(self.settings.config_path) as watch,
+            trio.open_signal_receiver(signal.SIGHUP) as hangups,
+        ):
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+
+                async def on_hangup() -> None:
+                    async for _ in hangups:
+                        log.info("received SIGHUP: reading %s again", self.settings.config_path)
+                        self.reload()
+
+                nursery.start_soon(on_hangup)
+                while True:
+                    await watch.wait_for_change()
+                    self.reload()
+
+    def reload(self) -> bool:
+        """Read the config again and apply what changed; False if it was bad."""
+        first = self.plugins[0].resource
+        try:
+            config = load_config(
+                self.settings.config_path,  # type: ignore[arg-type]
+                resource_name=first.name,
+                socket_name=first.socket,
+            )
+        except ConfigError as err:
+            log.error("config not applied, the last good one stays in force: %s", err)
+            return False
+        for plugin, resource in zip(self.plugins, config.resources, strict=True):
+            if resource != plugin.resource:
+                _apply(plugin, resource)
+                self.applied += 1
+                self._changed.set()
+                self._changed = trio.Event()
+        self.watch_links()
+        return True
+
+
+def _apply(plugin: Plugin, resource: ResourceConfig) -> None:
+    old = plugin.resource
+    changes = ", ".join(
+        f"{name} {getattr(old, name)!r} -> {getattr(resource, name)!r}"
+        for name in resource.__dataclass_fields__
+        if getattr(old, name) != getattr(resource, name)
+    )
+    log.info("%s: config applied: %s", resource.name, changes)
+    plugin.resource = resource
+    assert plugin.tracker is not None
+    plugin.tracker.resource = resource
+    if plugin.tracker.rescan():
+        _log_devices(plugin)
+    elif resource.upper_limit != old.upper_limit:
+        plugin.inventory.publish(plugin.inventory.current.devices, force=True)
+
+
+def _open_netlink(wanted: str, stack: contextlib.ExitStack) -> list[EventSource]:
+    """The netlink monitor chosen by settings.uevents, or none. No subsystem
+    filter: include patterns may name any character device, and may change."""
+    if wanted == "off":
+        return []
+    kind = choose_source(wanted)
     try:
-        sources.append(
-            stack.enter_context(NetlinkEvents(kind, frozenset({"block"}) if block_only else None))
-        )
+        source = stack.enter_context(NetlinkEvents(kind))
     except OSError as err:
         log.warning("no device events (%s uevents: %s): devices change only on rescans", kind, err)
-        return sources
-    log.info("following %s device events%s", kind, " (block only)" if block_only else "")
-    return sources
+        return []
+    log.info("following %s device events", kind)
+    return [source]
 
 
 async def _follow(events: EventSource, plugins: list[Plugin]) -> None:
@@ -199,6 +281,18 @@ async def _registrations(
         if not watch.kubelet_socket.exists():
             log.info("waiting for the kubelet: %s does not exist yet", watch.kubelet_socket)
             report("waiting")
+        if socket_answers(socket_path):
+            # Never take a socket from a live server (a second powerdev, say,
+            # in a rolling update): wait until it is gone, then serve.
+            log.error(
+                "%s: another server answers on %s; waiting until it goes away",
+                resource.name,
+                socket_path,
+            )
+            report("waiting")
+            await watch.wait_for_socket_gone()
+            log.info("%s: %s is gone; serving", resource.name, socket_path)
+            continue
         socket_path.unlink(missing_ok=True)
         new_kubelet = await watch.wait_for_kubelet()
         service = PluginService(plugin, answers)
@@ -222,6 +316,22 @@ async def _registrations(
         log.info("%s: %s; serving and registering again", resource.name, reason)
         quick = trio.current_time() - began < STABLE_AFTER
         quick_ends = quick_ends + 1 if reason == STREAM_ENDED and quick and not new_kubelet else 0
+
+
+def socket_answers(path: Path) -> bool:
+    """Does a server accept connections on this unix socket right now?"""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+    except BlockingIOError:
+        return True  # alive, with a full backlog
+    except OSError:
+        return False  # no file, not a socket, or nobody listening (a stale file)
+    else:
+        return True
+    finally:
+        probe.close()
 
 
 async def _warm_allocate(service: PluginService, answers: Answers, plugin: Plugin) -> None:
@@ -286,11 +396,16 @@ async def _first_of(*waiters: Callable[[], Awaitable[str]]) -> str:
     return results[0]
 
 
-async def _rescan_every(plugin: Plugin) -> None:
-    """discovery-strategy "time": a full rescan every scan-interval, as a safety net."""
+async def _rescan_every(plugin: Plugin, reloader: Reloader) -> None:
+    """discovery-strategy "time": a full rescan every scan-interval, as a
+    safety net. Picks up a changed strategy or interval when a config applies."""
     while True:
-        await trio.sleep(plugin.resource.scan_interval)
-        scan(plugin)
+        with trio.move_on_after(
+            plugin.resource.scan_interval if plugin.resource.strategy == "time" else math.inf
+        ) as waited:
+            await reloader.wait_applied()
+        if waited.cancelled_caught:
+            scan(plugin)
 
 
 async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:

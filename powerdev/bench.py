@@ -231,7 +231,7 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
     with (
         tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp,
         loop_control() as loops,
-        NetlinkEvents("kernel", frozenset({"block"})) as source,
+        NetlinkEvents("kernel") as source,
     ):
         root = Path(tmp)
         config = root / "config.json"

@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys_root=args.sys_root,
                 uevents=args.uevents,
                 status_file=args.status_file,
+                config_path=args.config,
             )
             trio.run(app.run_until_signalled, partial(app.run, settings, config))
         else:

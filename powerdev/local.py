@@ -80,7 +80,11 @@ async def run_local(
         kubelet: FakeKubelet
         kubelet = FakeKubelet(plugin_dir, on_event=lambda e: say(describe(e, kubelet)))
         settings = app.Settings(
-            plugin_dir=plugin_dir, dev_root=dev_root, sys_root=sys_root, uevents=uevents
+            plugin_dir=plugin_dir,
+            dev_root=dev_root,
+            sys_root=sys_root,
+            uevents=uevents,
+            config_path=config_path,
         )
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(kubelet.run)

@@ -30,9 +30,10 @@ class Inventory:
     def current(self) -> Snapshot:
         return self._snapshot
 
-    def publish(self, devices: tuple[Device, ...]) -> bool:
-        """Make `devices` the current list; False (and no new version) if nothing changed."""
-        if devices == self._snapshot.devices:
+    def publish(self, devices: tuple[Device, ...], *, force: bool = False) -> bool:
+        """Make `devices` the current list; False (and no new version) if nothing
+        changed, unless forced (what is advertised for them changed)."""
+        if devices == self._snapshot.devices and not force:
             return False
         self._snapshot = Snapshot(self._snapshot.version + 1, devices, {d.id: d for d in devices})
         self._changed.set()

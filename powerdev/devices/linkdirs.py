@@ -44,14 +44,24 @@ class LinkDirEvents:
 
     def __init__(self, dev_root: Path, host_dirs: list[str]) -> None:
         self._inotify = INotify()
+        self._dev_root = dev_root
         self._dirs: dict[int, str] = {}
+        self.watch(host_dirs)
+
+    def watch(self, host_dirs: list[str]) -> list[str]:
+        """Watch these directories too; returns the ones newly watched."""
+        added = []
         for host_dir in host_dirs:
+            if host_dir in self._dirs.values():
+                continue
             try:
-                wd = self._inotify.add_watch(to_local(dev_root, host_dir), _MASK)
+                wd = self._inotify.add_watch(to_local(self._dev_root, host_dir), _MASK)
             except OSError as err:
                 log.info("not watching %s for links (%s); rescans will find them", host_dir, err)
                 continue
             self._dirs[wd] = host_dir
+            added.append(host_dir)
+        return added
 
     @property
     def watched(self) -> list[str]:

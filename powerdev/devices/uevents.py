@@ -38,11 +38,9 @@ def choose_source(wanted: str) -> str:
 class NetlinkEvents:
     """A live netlink monitor; use as a context manager."""
 
-    def __init__(self, source: str, subsystems: frozenset[str] | None = None) -> None:
+    def __init__(self, source: str) -> None:
         self.source = source
         self._monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
-        for subsystem in sorted(subsystems or ()):
-            self._monitor.filter_by(subsystem)
         try:
             self._monitor.set_receive_buffer_size(RECEIVE_BUFFER)
         except OSError as err:

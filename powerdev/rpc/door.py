@@ -11,7 +11,9 @@ from typing import Any
 
 import trio
 import trio_asyncio
+from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ async def serve(
     server = Server(handlers, codec=PassThroughCodec())
     await trio_asyncio.aio_as_trio(server.start)(path=str(path))
     try:
+        os.chmod(path, 0o600)  # the kubelet is root; nobody else may connect
         bound: os.stat_result | None = os.stat(path)
     except FileNotFoundError:
         # Deleted the moment it was made (a kubelet starting up deletes every
@@ -67,6 +70,15 @@ class PassThroughCodec(ProtoCodec):
         if isinstance(message, bytes):
             return message
         return super().encode(message, message_type)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        try:
+            return super().decode(data, message_type)
+        except Exception as err:  # any malformed input: the caller's fault, said plainly
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"the request is not a valid {message_type.__name__} message: {err}"[:300],
+            ) from None
 
 
 def _remove_if_same(path: Path, bound: os.stat_result) -> None:
