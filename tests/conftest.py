@@ -107,7 +107,9 @@ async def daemon_and_kubelet(
 async def wait_for_file(path: Path, predicate) -> str:
     """The file's text, once predicate(text) holds; woken by inotify, never by a timer."""
     with INotify() as inotify:
-        inotify.add_watch(path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE)
+        inotify.add_watch(
+            path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE | iflags.MODIFY
+        )
         while True:
             try:
                 text = path.read_text()  # noqa: ASYNC240 (a tiny local file)

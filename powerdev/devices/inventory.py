@@ -3,10 +3,14 @@
 Fan-out by version: every ListAndWatch stream remembers the version it sent
 last and waits for a newer one, then sends the whole list. Nothing is queued
 per stream, so a slow reader never holds up the others and bursts coalesce.
+
+Changes cost what they change: the devices live in a dict keyed by path,
+and the sorted snapshot is built only when someone reads a new version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -22,26 +26,53 @@ class Snapshot:
 
 
 class Inventory:
-    def __init__(self, devices: tuple[Device, ...] = ()) -> None:
-        self._snapshot = Snapshot(1, devices, {d.id: d for d in devices})
+    def __init__(self, devices: Iterable[Device] = ()) -> None:
+        self._devices: dict[str, Device] = {d.path: d for d in devices}
+        self._version = 1
+        self._snapshot: Snapshot | None = None
         self._changed = trio.Event()
 
     @property
+    def by_path(self) -> Mapping[str, Device]:
+        return self._devices
+
+    @property
     def current(self) -> Snapshot:
+        if self._snapshot is None or self._snapshot.version != self._version:
+            devices = tuple(sorted(self._devices.values(), key=lambda d: d.path))
+            self._snapshot = Snapshot(self._version, devices, {d.id: d for d in devices})
         return self._snapshot
 
-    def publish(self, devices: tuple[Device, ...], *, force: bool = False) -> bool:
-        """Make `devices` the current list; False (and no new version) if nothing
+    def publish(self, devices: Iterable[Device], *, force: bool = False) -> bool:
+        """Make `devices` the whole list; False (and no new version) if nothing
         changed, unless forced (what is advertised for them changed)."""
-        if devices == self._snapshot.devices and not force:
+        new = {d.path: d for d in devices}
+        if new == self._devices and not force:
             return False
-        self._snapshot = Snapshot(self._snapshot.version + 1, devices, {d.id: d for d in devices})
+        self._devices = new
+        self._bump()
+        return True
+
+    def update(self, changes: Mapping[str, Device | None]) -> bool:
+        """Set (or, with None, remove) devices by path; True if anything changed."""
+        changed = False
+        for path, device in changes.items():
+            if device is None:
+                changed |= self._devices.pop(path, None) is not None
+            elif self._devices.get(path) != device:
+                self._devices[path] = device
+                changed = True
+        if changed:
+            self._bump()
+        return changed
+
+    def _bump(self) -> None:
+        self._version += 1
         self._changed.set()
         self._changed = trio.Event()
-        return True
 
     async def wait_newer(self, seen_version: int) -> Snapshot:
         """The current snapshot, once its version is newer than seen_version."""
-        while self._snapshot.version <= seen_version:
+        while self._version <= seen_version:
             await self._changed.wait()
-        return self._snapshot
+        return self.current

@@ -23,6 +23,7 @@ from inotify_simple import flags as F
 from powerdev.devices.discovery import to_local
 from powerdev.devices.model import HOST_DEV
 from powerdev.devices.tracker import DeviceEvent
+from powerdev.devices.uevents import RESCAN
 
 log = logging.getLogger(__name__)
 _NEW = F.CREATE | F.MOVED_TO
@@ -74,14 +75,20 @@ class LinkDirEvents:
         trio.lowlevel.notify_closing(self._inotify.fileno())
         self._inotify.close()
 
-    async def next_batch(self) -> list[DeviceEvent]:
+    async def next_batch(self) -> list[DeviceEvent] | str:
+        """Every change that is ready, at least one; or RESCAN if the kernel's
+        inotify queue overflowed and changes were lost."""
         while True:
             await trio.lowlevel.wait_readable(self._inotify.fileno())
+            events = self._inotify.read(timeout=0)
+            if any(e.mask & F.Q_OVERFLOW for e in events):
+                log.warning("link changes were lost (inotify queue overflow): rescanning")
+                return RESCAN
             batch = [
                 DeviceEvent(
                     "add" if e.mask & _NEW else "remove", (f"{self._dirs[e.wd]}/{e.name}",), "link"
                 )
-                for e in self._inotify.read(timeout=0)
+                for e in events
                 if e.wd in self._dirs and e.name
             ]
             if batch:

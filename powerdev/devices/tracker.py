@@ -54,10 +54,11 @@ class Tracker:
         self.inventory = inventory
         self.dev_root = dev_root
         self.sys_root = sys_root
-        self._devices: dict[str, Device] = {d.path: d for d in inventory.current.devices}
-        self._identity: dict[str, tuple[int, int]] = {
-            d.path: (d.major, d.minor) for d in inventory.current.devices
-        }
+        self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
+        self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
+        for device in inventory.by_path.values():
+            self._identity[device.path] = (device.major, device.minor)
+            self._index(device, add=True)
 
     def rescan(self) -> bool:
         """Discover everything again; True if the published list changed."""
@@ -66,34 +67,44 @@ class Tracker:
         for path in list(self._identity):
             if path not in present:
                 del self._identity[path]
-        self._devices = {d.path: self._judge(d) for d in found}
-        return self._publish()
+        judged = [self._judge(d) for d in found]
+        self._by_number = {}
+        for device in judged:
+            self._index(device, add=True)
+        return self.inventory.publish(judged)
 
     def apply(self, events: list[DeviceEvent]) -> bool:
-        """Re-probe the paths these events name; True if the published list changed."""
+        """Re-probe the paths these events name; True if the published list
+        changed. Costs what the events touch, not what the resource holds."""
         paths: set[str] = set()
-        numbers = set()
         for event in events:
             paths.update(p for p in event.paths if wanted(self.resource, p, event.subsystem))
-            if event.number is not None:
-                numbers.add(event.number)
-        if numbers:  # links we track to a node that changed (the kernel source names no links)
-            paths.update(p for p, d in self._devices.items() if (d.major, d.minor) in numbers)
+            if event.number is not None:  # links we list to a node that changed
+                paths.update(self._by_number.get(event.number, ()))
         if not paths:
             return False
+        changes: dict[str, Device | None] = {}
         for path in paths:
+            old = self.inventory.by_path.get(path)
             device = probe(self.dev_root, path)
             if device is None:
-                self._devices.pop(path, None)
                 self._identity.pop(path, None)
             else:
-                self._devices[path] = self._judge(device)
-        return self._publish()
+                device = self._judge(device)
+            if old is not None:
+                self._index(old, add=False)
+            if device is not None:
+                self._index(device, add=True)
+            changes[path] = device
+        return self.inventory.update(changes)
 
     def _judge(self, device: Device) -> Device:
         first = self._identity.setdefault(device.path, (device.major, device.minor))
         return device if first == (device.major, device.minor) else replace(device, healthy=False)
 
-    def _publish(self) -> bool:
-        devices = tuple(sorted(self._devices.values(), key=lambda d: d.path))
-        return self.inventory.publish(devices)
+    def _index(self, device: Device, *, add: bool) -> None:
+        paths = self._by_number.setdefault((device.major, device.minor), set())
+        if add:
+            paths.add(device.path)
+        else:
+            paths.discard(device.path)

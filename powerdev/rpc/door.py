@@ -43,7 +43,10 @@ async def serve(
     unless someone else has put a new file at that path meanwhile.
     """
     server = Server(handlers, codec=PassThroughCodec())
-    await trio_asyncio.aio_as_trio(server.start)(path=str(path))
+    # Binding is quick; a cancellation in the middle of it would leave a
+    # bound socket that the `finally` below never sees.
+    with trio.CancelScope(shield=True):
+        await trio_asyncio.aio_as_trio(server.start)(path=str(path))
     try:
         os.chmod(path, 0o600)  # the kubelet is root; nobody else may connect
         bound: os.stat_result | None = os.stat(path)

@@ -3,6 +3,7 @@ and dial a plugin to call it. Plain data crosses out of this module."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from powerdev._proto.v1beta1 import (
     ContainerPreferredAllocationRequest,
     DevicePluginStub,
     Empty,
+    ListAndWatchResponse,
     PreferredAllocationRequest,
     RegisterRequest,
     RegistrationBase,
@@ -105,16 +107,20 @@ class PluginClient:
             self._channel = Channel(path=str(self.socket_path))
         return DevicePluginStub(self._channel)
 
-    async def _call(self, make: Callable[[DevicePluginStub], Awaitable[object]]) -> object:
-        async def call() -> object:
-            return await make(self._stub())
-
+    async def _run(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run an asyncio call; every failure becomes a PluginCallError."""
         try:
             return await trio_asyncio.aio_as_trio(call)()
         except GRPCError as err:
             raise PluginCallError(err.status.name, err.message or "") from None
         except (TimeoutError, OSError, StreamTerminatedError) as err:
             raise PluginCallError("UNAVAILABLE", str(err) or type(err).__name__) from None
+
+    async def _call(self, make: Callable[[DevicePluginStub], Awaitable[object]]) -> object:
+        async def call() -> object:
+            return await make(self._stub())
+
+        return await self._run(call)
 
     async def options(self, dial_seconds: float = 10.0) -> tuple[bool, bool]:
         """(pre_start_required, get_preferred_allocation_available)."""
@@ -201,10 +207,29 @@ class PluginClient:
                 reply = await stream.recv_message()
             return len(reply or b"")
 
-        try:
-            return await trio_asyncio.aio_as_trio(call)()
-        except GRPCError as err:
-            raise PluginCallError(err.status.name, err.message or "") from None
+        return await self._run(call)
+
+    async def stall(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open ListAndWatch and never read from it, until cancelled: a kubelet
+        that stopped reading, for fault tests. started() once the stream is open."""
+        opened = trio.Event()
+
+        async def call() -> None:
+            async with self._stub().channel.request(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+                Cardinality.UNARY_STREAM,
+                Empty,
+                ListAndWatchResponse,
+            ) as stream:
+                await stream.send_message(Empty(), end=True)
+                await stream.recv_initial_metadata()
+                opened.set()
+                await asyncio.Event().wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio_asyncio.aio_as_trio(call))
+            await opened.wait()
+            task_status.started()
 
     def close(self) -> None:
         for channel in (self._channel, self._raw_channel):

@@ -94,8 +94,8 @@ def test_upper_limit_units_grant_every_device():
     plugin = Plugin(ResourceConfig(upper_limit=2), Inventory((A, B)))
     assert [u.id for u in plugin.units()] == ["share-1", "share-2"]
     assert [g.host_path for g in plugin.allocate([["share-2"]])[0]] == [
+        "/dev/mapper/mpatha",  # the inventory lists devices by path
         "/dev/sda",
-        "/dev/mapper/mpatha",
     ]
     with pytest.raises(AllocationRefused, match="unknown device ID 'share-3'"):
         plugin.allocate([["share-3"]])

@@ -49,7 +49,7 @@ def test_allocate_matches_a_full_encoding_for_several_containers():
     container = ContainerAllocateResponse(
         devices=[
             DeviceSpec(container_path=n.path, host_path=n.path, permissions="rwm")
-            for n in NODES
+            for n in sorted(NODES, key=lambda n: n.path)  # the inventory lists by path
             if n.healthy
         ]
     )
