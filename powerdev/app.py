@@ -23,7 +23,7 @@ from typing import Protocol
 
 import trio
 
-from powerdev.config import Config, ConfigError, ResourceConfig, load_config
+from powerdev.config import Config, ConfigError, ResourceConfig, decode_config, parse_config
 from powerdev.configwatch import ConfigWatch
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.linkdirs import LinkDirEvents, link_dirs
@@ -134,6 +134,7 @@ class Reloader:
         self.links = links
         self.applied = 0  # configs applied since start (for tests and logs)
         self._changed = trio.Event()
+        self._last_seen: bytes | None = None
 
     async def wait_applied(self) -> None:
         await self._changed.wait()
@@ -164,17 +165,35 @@ class Reloader:
                     self.reload()
 
     def reload(self) -> bool:
-        """Read the config again and apply what changed; False if it was bad."""
+        """Read the config again and apply what changed; False if it was bad.
+        Acts once per new content: a ConfigMap swap arrives as several events."""
+        path = self.settings.config_path
+        assert path is not None
+        try:
+            seen: bytes | None = path.read_bytes()
+        except FileNotFoundError:
+            seen = None
+        except OSError as err:
+            seen = f"unreadable: {err}".encode()
+        if seen == self._last_seen:
+            return True
+        self._last_seen = seen
+        if seen is None:
+            log.warning("%s is gone; the last good config stays in force", path)
+            return False
         first = self.plugins[0].resource
         try:
-            config = load_config(
-                self.settings.config_path,  # type: ignore[arg-type]
+            config = parse_config(
+                decode_config(seen, str(path)),
+                source=str(path),
                 resource_name=first.name,
                 socket_name=first.socket,
             )
         except ConfigError as err:
             log.error("config not applied, the last good one stays in force: %s", err)
             return False
+        for warning in config.warnings:
+            log.warning("%s", warning)
         for plugin, resource in zip(self.plugins, config.resources, strict=True):
             if resource != plugin.resource:
                 _apply(plugin, resource)

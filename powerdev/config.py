@@ -289,6 +289,19 @@ def parse_config(
     return Config(source=source, resources=(resource,), warnings=warnings)
 
 
+def decode_config(data: bytes, source: str) -> str:
+    """The file's bytes as text; ConfigError (naming the file) if not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            source,
+            None,
+            f"is not UTF-8 text ({err.reason} at byte {err.start})",
+            "save it as UTF-8 JSON",
+        ) from None
+
+
 def load_config(
     path: str | Path,
     *,
@@ -298,7 +311,7 @@ def load_config(
     """Read and parse a config file; a missing file means the defaults, as in the seed."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = decode_config(path.read_bytes(), str(path))
     except FileNotFoundError:
         text = ""
         source = f"{path} (missing: defaults)"
@@ -306,7 +319,7 @@ def load_config(
         raise ConfigError(
             str(path), None, "is a directory", "point --config at the config.json file inside it"
         ) from None
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
         raise ConfigError(
             str(path), None, f"cannot be read ({err})", "check the file and its permissions"
         ) from None

@@ -154,7 +154,7 @@ def test_directory_and_unreadable_files(tmp_path):
         load_config(tmp_path)
     bad = tmp_path / "c.json"
     bad.write_bytes(b"\xff\xfe{")
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(invalid start byte at byte 0\)"):
         load_config(bad)
 
 

@@ -1,0 +1,110 @@
+"""Config changes at runtime, as a ConfigMap volume makes them (the ..data
+symlink swap) and by SIGHUP: a good config is applied and pushed, a bad one
+is logged with file, field and fix, and the last good one stays in force."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import trio
+
+from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
+from powerdev.testing import make_nodes
+from tests.conftest import wait_for_file
+from tests.faults.harness import kubelet_running, registered, spawn
+
+LIMIT = 60
+
+
+class ConfigMapVolume:
+    """A directory laid out and updated the way the kubelet does it."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir()
+        self.root = root
+        self.generation = 0
+
+    @property
+    def path(self) -> Path:
+        return self.root / "config.json"
+
+    def write(self, **fields: object) -> None:
+        self.generation += 1
+        data = self.root / f"..2026_11_29_{self.generation:04d}"
+        data.mkdir()
+        (data / "config.json").write_text(json.dumps(fields))
+        (self.root / "..data_tmp").symlink_to(data.name)
+        os.rename(self.root / "..data_tmp", self.root / "..data")  # the atomic swap
+        if not self.path.is_symlink():
+            self.path.symlink_to("..data/config.json")
+        for old in self.root.glob("..2026_*"):
+            if old != data:
+                (old / "config.json").unlink()
+                old.rmdir()
+
+
+def grant_permissions(grant):
+    return {d.permissions for d in grant.devices}
+
+
+async def test_configmap_swaps_apply_good_configs_and_keep_the_last_good_one(tmp_path):
+    dev = tmp_path / "dev"
+    make_nodes(dev / "pool", ["d0", "d1", "d2", "x0", "x1"])
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    volume.write(**{"include-devices": ["/dev/pool/d*"]})
+    with trio.fail_after(LIMIT):
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, _),
+            spawn(tmp_path, volume.path, dev) as daemon,
+        ):
+            await kubelet.wait_until(registered(1, 3))
+            volume.write(**{"include-devices": ["/dev/pool/*"], "permissions": "r"})
+            await kubelet.wait_until(lambda k: k.resources[RESOURCE].capacity == 5)
+            assert grant_permissions(await kubelet.allocate(RESOURCE, ["pool.x1"])) == {"r"}
+
+            volume.write(**{"include-devices": ["/dev/pool/*"], "permissions": "rwx"})
+            text = await wait_for_file(daemon.log, lambda t: "config not applied" in t)
+            (line,) = [x for x in text.splitlines() if "config not applied" in x]
+            assert str(volume.path) in line and "field 'permissions'" in line
+            assert "use one or more of r, w, m" in line
+            assert kubelet.resources[RESOURCE].capacity == 5  # the last good config stays
+            assert grant_permissions(await kubelet.allocate(RESOURCE, ["pool.x1"])) == {"r"}
+
+            volume.write(**{"include-devices": ["/dev/pool/*"], "upper-limit": 2})
+            await kubelet.wait_until(
+                lambda k: set(k.resources[RESOURCE].devices) == {"share-1", "share-2"}
+            )
+            grant = await kubelet.allocate(RESOURCE, ["share-2"])
+            assert len(grant.devices) == 5 and grant_permissions(grant) == {"rw"}
+            assert kubelet.registrations == 1  # applied in place, no re-registration
+
+            volume.write(**{"include-devices": ["/dev/pool/d*"]})
+            assert await daemon.terminate() == 0  # SIGTERM in the middle of a reload
+            assert not daemon.socket.exists()
+
+
+async def test_sighup_reloads(tmp_path):
+    dev = tmp_path / "dev"
+    make_nodes(dev / "pool", ["d0", "d1"])
+    (tmp_path / "etc").mkdir()
+    config = tmp_path / "etc" / "config.json"
+    config.write_text(json.dumps({"include-devices": ["/dev/pool/*"]}))
+    # A write through a hard link elsewhere is invisible to a directory watch,
+    # so only SIGHUP can make the daemon read it.
+    (tmp_path / "elsewhere").mkdir()
+    alias = tmp_path / "elsewhere" / "same-inode.json"
+    os.link(config, alias)
+    with trio.fail_after(LIMIT):
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, _),
+            spawn(tmp_path, config, dev) as daemon,
+        ):
+            await kubelet.wait_until(registered(1, 2))
+            with alias.open("r+") as f:
+                f.write(json.dumps({"include-devices": ["/dev/pool/*"], "upper-limit": 7}))
+                f.truncate()
+            daemon.proc.send_signal(signal.SIGHUP)
+            await kubelet.wait_until(lambda k: k.resources[RESOURCE].capacity == 7)
+            assert "received SIGHUP" in "".join(daemon.lines("SIGHUP"))
+            assert await daemon.terminate() == 0
