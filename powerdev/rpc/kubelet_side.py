@@ -187,27 +187,30 @@ class PluginClient:
         except (OSError, StreamTerminatedError) as err:
             return f"rpc error: UNAVAILABLE: {err or type(err).__name__}"
 
+    async def raw(self, method: str, payload: bytes) -> bytes:
+        """Call a unary method with `payload` as the request, as it is, and
+        return the reply undecoded: for timing, and for sending garbage."""
+
+        async def call() -> bytes:
+            if self._raw_channel is None:
+                self._raw_channel = Channel(path=str(self.socket_path), codec=_RawCodec())
+            async with self._raw_channel.request(
+                f"/v1beta1.DevicePlugin/{method}", Cardinality.UNARY_UNARY, bytes, bytes
+            ) as stream:
+                await stream.send_message(payload, end=True)
+                reply = await stream.recv_message()
+            return reply or b""
+
+        return await self._run(call)
+
     async def allocate_bytes(self, ids: Sequence[str]) -> int:
         """Allocate for one container, returning the size of the raw answer.
         The answer is not decoded, so a benchmark times the plugin, not this
         client's protobuf decoding (the real kubelet decodes in Go)."""
-
-        async def call() -> int:
-            if self._raw_channel is None:
-                self._raw_channel = Channel(path=str(self.socket_path), codec=_RawCodec())
-            request = bytes(
-                AllocateRequest(
-                    container_requests=[ContainerAllocateRequest(devices_i_ds=list(ids))]
-                )
-            )
-            async with self._raw_channel.request(
-                "/v1beta1.DevicePlugin/Allocate", Cardinality.UNARY_UNARY, bytes, bytes
-            ) as stream:
-                await stream.send_message(request, end=True)
-                reply = await stream.recv_message()
-            return len(reply or b"")
-
-        return await self._run(call)
+        request = AllocateRequest(
+            container_requests=[ContainerAllocateRequest(devices_i_ds=list(ids))]
+        )
+        return len(await self.raw("Allocate", bytes(request)))
 
     async def stall(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open ListAndWatch and never read from it, until cancelled: a kubelet

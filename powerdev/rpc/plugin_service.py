@@ -12,6 +12,8 @@ from grpclib.server import Stream
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
     AllocateResponse,
+    ContainerAllocateRequest,
+    ContainerPreferredAllocationRequest,
     ContainerPreferredAllocationResponse,
     DevicePluginBase,
     DevicePluginOptions,
@@ -49,10 +51,12 @@ class PluginService(DevicePluginBase):
         )
 
     async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
+        requests = [
+            _ids(c, ContainerAllocateRequest, "devices_i_ds")
+            for c in _items(allocate_request, "container_requests")
+        ]
         try:
-            grants = self._plugin.allocate(
-                [c.devices_i_ds for c in allocate_request.container_requests]
-            )
+            grants = self._plugin.allocate(requests)
         except AllocationRefused as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         # Already encoded: the door's codec sends bytes as they are.
@@ -61,22 +65,22 @@ class PluginService(DevicePluginBase):
     async def get_preferred_allocation(
         self, preferred_allocation_request: PreferredAllocationRequest
     ) -> PreferredAllocationResponse:
-        requests = preferred_allocation_request.container_requests
-        for req in requests:
-            if req.allocation_size < 0 or req.allocation_size > MAX_PREFERRED_IDS:
+        asked = []
+        for req in _items(preferred_allocation_request, "container_requests"):
+            kind = ContainerPreferredAllocationRequest
+            available = _ids(req, kind, "available_device_i_ds")
+            must = _ids(req, kind, "must_include_device_i_ds")
+            size = req.allocation_size
+            if not isinstance(size, int) or not 0 <= size <= MAX_PREFERRED_IDS:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT,
-                    f"allocation_size {req.allocation_size} is outside 0..{MAX_PREFERRED_IDS}",
+                    f"allocation_size {size!r} is outside 0..{MAX_PREFERRED_IDS}",
                 )
-        answers = self._plugin.preferred(
-            [
-                (r.available_device_i_ds, r.must_include_device_i_ds, r.allocation_size)
-                for r in requests
-            ]
-        )
+            asked.append((available, must, size))
         return PreferredAllocationResponse(
             container_responses=[
-                ContainerPreferredAllocationResponse(device_i_ds=ids) for ids in answers
+                ContainerPreferredAllocationResponse(device_i_ds=ids)
+                for ids in self._plugin.preferred(asked)
             ]
         )
 
@@ -114,3 +118,20 @@ class PluginService(DevicePluginBase):
         finally:
             if from_kubelet:
                 self.kubelet_stream_ended.set()
+
+
+def _items(message: object, field: str) -> list:
+    """A repeated message field, refused unless it holds messages: garbage on
+    the wire can decode into odd shapes, and that is the caller's fault."""
+    items = getattr(message, field)
+    if not isinstance(items, list) or any(item is None for item in items):
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: bad {field}")
+    return items
+
+
+def _ids(message: object, kind: type, field: str) -> list[str]:
+    """A repeated string field of a `kind` message, refused unless all strings."""
+    ids = getattr(message, field, None) if isinstance(message, kind) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: bad {field}")
+    return ids
