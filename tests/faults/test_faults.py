@@ -64,6 +64,9 @@ async def test_100_kubelet_restarts_hold_descriptors_and_memory(tmp_path):
                 await kubelet.restart()
                 await kubelet.wait_until(registered(n, 1000))
             assert kubelet.registrations == 111
+            print(
+                f"\n100 restarts: fds {fds} -> {daemon.fds()}, RSS {rss} -> {daemon.rss_kib()} KiB"
+            )
             assert daemon.fds() <= fds + FD_BOUND, (fds, daemon.fds())
             assert daemon.rss_kib() <= rss + RSS_BOUND_KIB, (rss, daemon.rss_kib())
             await kubelet.restart()  # and SIGTERM while it re-registers
@@ -101,6 +104,7 @@ async def test_restarts_during_allocates(tmp_path):
             stop.set()
             grant = await kubelet.allocate(RESOURCE, ["pool.d1"])
             assert len(grant.devices) == 2000
+            print(f"\nallocates across 10 restarts: {outcomes}")
             assert outcomes["ok"] > 0
             await stop_cleanly(daemon)
 
@@ -197,6 +201,7 @@ async def test_a_stream_that_stops_reading_holds_up_nobody(tmp_path):
                 make_nodes(dev / "pool", [f"more{round_}"])
                 await kubelet.wait_until(lambda k, r=round_: f"pool.more{r}" in listed(k))
             assert listed(kubelet) == on_disk(dev)
+            print(f"\nstuck reader: 15 changes, RSS {rss} -> {daemon.rss_kib()} KiB")
             assert daemon.rss_kib() <= rss + 8 * 1024  # nothing piles up for the stuck one
             stuck.close()
             await stop_cleanly(daemon)
@@ -218,6 +223,7 @@ async def test_a_storm_of_thousands_of_changes_ends_exact(tmp_path):
             await kubelet.wait_until(lambda k: listed(k) == on_disk(dev))
             assert len(listed(kubelet)) == 10 + 3000 - 1000
             updates = kubelet.resources[RESOURCE].updates
+            print(f"\nstorm: 4,000 changes, {updates} ListAndWatch messages")
             assert updates < 1000  # coalesced: far fewer messages than 4,000 changes
             make_nodes(dev / "pool", [f"t{i}" for i in range(500)])
             await stop_cleanly(daemon)  # SIGTERM in the middle of a storm
