@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +26,14 @@ from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.devices.uevents import NetlinkEvents
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import PluginClient, asyncio_door
-from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, is_root, loop_control, make_nodes
+from powerdev.testing import (
+    FIRST_LOOP,
+    LOOP_PATTERN,
+    is_root,
+    loop_control,
+    make_nodes,
+    run_command,
+)
 
 STOP_TIMEOUT = 10.0
 WAIT_LIMIT = 60.0  # no single wait in the bench may take longer
@@ -95,24 +101,17 @@ class Daemon:
     """`powerdev run` as a child process, in a temp plugin dir."""
 
     def __init__(self, plugin_dir: Path, config: Path, dev_root: Path, uevents: str) -> None:
-        self.args = [
-            sys.executable,
-            "-m",
-            "powerdev",
-            "run",
-            "--plugin-dir",
-            str(plugin_dir),
-            "--config",
-            str(config),
-            "--dev-root",
-            str(dev_root),
+        self.args = run_command(
+            plugin_dir,
+            config,
+            dev_root,
             "--uevents",
             uevents,
             "--status-file",
             str(plugin_dir.parent / "status"),
             "--log-level",
             "warning",
-        ]
+        )
         self.proc: trio.Process | None = None
 
     async def start(self) -> None:

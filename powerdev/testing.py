@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,23 @@ LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_REMOVE = 0x4C81
 FIRST_LOOP = 300  # indexes 300-399, matched by /dev/loop3[0-9][0-9], far from losetup's
 LOOP_PATTERN = "/dev/loop3[0-9][0-9]"
+
+
+def run_command(plugin_dir: Path, config: Path, dev_root: Path, *options: str) -> list[str]:
+    """The command line of `powerdev run` on a temp plugin dir, for a child process."""
+    return [
+        sys.executable,
+        "-m",
+        "powerdev",
+        "run",
+        "--plugin-dir",
+        str(plugin_dir),
+        "--config",
+        str(config),
+        "--dev-root",
+        str(dev_root),
+        *options,
+    ]
 
 
 def is_root() -> bool:

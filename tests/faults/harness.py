@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
+from powerdev.testing import run_command
 
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
 
@@ -64,23 +64,16 @@ async def spawn(
     log = tmp_path / f"{name}.log"
     with log.open("w") as stderr:
         proc = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "powerdev",
-                "run",
-                "--plugin-dir",
-                str(plugin_dir),
-                "--config",
-                str(config),
-                "--dev-root",
-                str(dev_root),
+            run_command(
+                plugin_dir,
+                config,
+                dev_root,
                 "--uevents",
                 "off",
                 "--status-file",
                 str(tmp_path / f"{name}.status"),
                 *extra,
-            ],
+            ),
             stderr=stderr,
         )
     daemon = Daemon(proc, plugin_dir, log)

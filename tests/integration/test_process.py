@@ -10,6 +10,7 @@ import trio
 
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
+from powerdev.testing import run_command
 from tests.conftest import make_dev_tree, wait_for_file
 
 LIMIT = 20
@@ -30,17 +31,7 @@ async def test_sigterm_stops_serving_removes_the_socket_and_exits_0(tmp_path):
             async with asyncio_door(), trio.open_nursery() as nursery:
                 kubelet = FakeKubelet(plugin_dir)
                 await nursery.start(kubelet.run)
-                proc = await trio.lowlevel.open_process(
-                    powerdev_command(
-                        "run",
-                        "--plugin-dir",
-                        str(plugin_dir),
-                        "--config",
-                        str(config),
-                        "--dev-root",
-                        str(dev),
-                    )
-                )
+                proc = await trio.lowlevel.open_process(run_command(plugin_dir, config, dev))
                 try:
                     await kubelet.wait_until(
                         lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
@@ -132,18 +123,8 @@ async def test_health_follows_the_daemon_from_waiting_to_registered_to_gone(tmp_
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             proc = await trio.lowlevel.open_process(
-                powerdev_command(
-                    "run",
-                    "--plugin-dir",
-                    str(plugin_dir),
-                    "--config",
-                    str(config),
-                    "--dev-root",
-                    str(dev),
-                    "--status-file",
-                    str(status),
-                    "--uevents",
-                    "off",
+                run_command(
+                    plugin_dir, config, dev, "--status-file", str(status), "--uevents", "off"
                 )
             )
             try:
