@@ -13,9 +13,11 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 # Dependencies first, in a layer of their own: they change less than our code.
 COPY pyproject.toml README.md ./
+# The stub package and its build output go again at once: a stale
+# build/lib/powerdev/__init__.py would otherwise end up in the real wheel.
 RUN mkdir powerdev && touch powerdev/__init__.py \
     && pip wheel --no-cache-dir --wheel-dir /wheels . \
-    && rm /wheels/powerdev-*.whl
+    && rm -r /wheels/powerdev-*.whl powerdev build ./*.egg-info
 COPY powerdev ./powerdev
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
