@@ -132,7 +132,6 @@ class Reloader:
         self.settings = settings
         self.plugins = plugins
         self.links = links
-        self.applied = 0  # configs applied since start (for tests and logs)
         self._changed = trio.Event()
         self._last_seen: bytes | None = None
 
@@ -197,7 +196,6 @@ class Reloader:
         for plugin, resource in zip(self.plugins, config.resources, strict=True):
             if resource != plugin.resource:
                 _apply(plugin, resource)
-                self.applied += 1
                 self._changed.set()
                 self._changed = trio.Event()
         self.watch_links()
