@@ -14,8 +14,9 @@ import logging
 from pathlib import Path
 
 import trio
-from inotify_simple import INotify
 from inotify_simple import flags as F
+
+from powerdev.watching import Watcher
 
 log = logging.getLogger(__name__)
 _MASK = F.CREATE | F.CLOSE_WRITE | F.MOVED_TO | F.MOVED_FROM | F.DELETE | F.ATTRIB
@@ -25,10 +26,10 @@ class ConfigWatch:
     """Use as a context manager; wait_for_change() returns after a change."""
 
     def __init__(self, config_path: Path) -> None:
-        self._inotify = INotify()
+        self._watcher = Watcher()
         self.watching = False
         try:
-            self._inotify.add_watch(config_path.parent, _MASK)
+            self._watcher.add(config_path.parent, _MASK)
             self.watching = True
         except OSError as err:
             log.info("not watching %s for config changes (%s); SIGHUP reloads", config_path, err)
@@ -37,11 +38,9 @@ class ConfigWatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        trio.lowlevel.notify_closing(self._inotify.fileno())
-        self._inotify.close()
+        self._watcher.__exit__()
 
     async def wait_for_change(self) -> None:
         if not self.watching:
             await trio.sleep_forever()
-        await trio.lowlevel.wait_readable(self._inotify.fileno())
-        self._inotify.read(timeout=0)
+        await self._watcher.events()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from inotify_simple import INotify
 from inotify_simple import flags as iflags
 
 from powerdev import app
@@ -19,6 +18,7 @@ from powerdev.config import Config, ResourceConfig, parse_config
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.plugin import Plugin
 from powerdev.rpc import asyncio_door
+from powerdev.watching import Watcher
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
@@ -106,8 +106,8 @@ async def daemon_and_kubelet(
 
 async def wait_for_file(path: Path, predicate) -> str:
     """The file's text, once predicate(text) holds; woken by inotify, never by a timer."""
-    with INotify() as inotify:
-        inotify.add_watch(
+    with Watcher() as watcher:
+        watcher.add(
             path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE | iflags.MODIFY
         )
         while True:
@@ -117,8 +117,7 @@ async def wait_for_file(path: Path, predicate) -> str:
                 text = None
             if text is not None and predicate(text):
                 return text
-            await trio.lowlevel.wait_readable(inotify.fileno())
-            inotify.read(timeout=0)
+            await watcher.events()
 
 
 class ChannelEvents:

@@ -16,14 +16,13 @@ import posixpath
 from collections.abc import Iterable
 from pathlib import Path
 
-import trio
-from inotify_simple import INotify
 from inotify_simple import flags as F
 
 from powerdev.devices.discovery import to_local
 from powerdev.devices.model import HOST_DEV
 from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
+from powerdev.watching import Watcher
 
 log = logging.getLogger(__name__)
 _NEW = F.CREATE | F.MOVED_TO
@@ -44,7 +43,7 @@ class LinkDirEvents:
     """Use as a context manager; next_batch() like the netlink source."""
 
     def __init__(self, dev_root: Path, host_dirs: list[str]) -> None:
-        self._inotify = INotify()
+        self._watcher = Watcher()
         self._dev_root = dev_root
         self._dirs: dict[int, str] = {}
         self.watch(host_dirs)
@@ -56,7 +55,7 @@ class LinkDirEvents:
             if host_dir in self._dirs.values():
                 continue
             try:
-                wd = self._inotify.add_watch(to_local(self._dev_root, host_dir), _MASK)
+                wd = self._watcher.add(to_local(self._dev_root, host_dir), _MASK)
             except OSError as err:
                 log.info("not watching %s for links (%s); rescans will find them", host_dir, err)
                 continue
@@ -72,15 +71,13 @@ class LinkDirEvents:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        trio.lowlevel.notify_closing(self._inotify.fileno())
-        self._inotify.close()
+        self._watcher.__exit__()
 
     async def next_batch(self) -> list[DeviceEvent] | str:
         """Every change that is ready, at least one; or RESCAN if the kernel's
         inotify queue overflowed and changes were lost."""
         while True:
-            await trio.lowlevel.wait_readable(self._inotify.fileno())
-            events = self._inotify.read(timeout=0)
+            events = await self._watcher.events()
             if any(e.mask & F.Q_OVERFLOW for e in events):
                 log.warning("link changes were lost (inotify queue overflow): rescanning")
                 return RESCAN

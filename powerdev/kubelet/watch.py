@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-from inotify_simple import INotify
 from inotify_simple import flags as F
 
 from powerdev.kubelet.paths import KUBELET_SOCKET
+from powerdev.watching import Watcher
 
 _MASK = F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.DELETE_SELF | F.MOVE_SELF
 _GONE = F.DELETE | F.MOVED_FROM
@@ -30,26 +29,22 @@ class PluginDirWatch:
         plugin_dir.mkdir(parents=True, exist_ok=True)
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name
-        self._inotify = INotify()
+        self._watcher = Watcher()
         try:
-            self._inotify.add_watch(plugin_dir, _MASK)
+            self._watcher.add(plugin_dir, _MASK)
         except BaseException:
-            self._inotify.close()
+            self._watcher.__exit__()
             raise
 
     def __enter__(self) -> PluginDirWatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._inotify.close()
+        self._watcher.__exit__()
 
     @property
     def kubelet_socket(self) -> Path:
         return self.plugin_dir / KUBELET_SOCKET
-
-    async def _events(self) -> list:
-        await trio.lowlevel.wait_readable(self._inotify.fileno())
-        return self._inotify.read(timeout=0)
 
     def _kubelet_created(self, events: list) -> bool:
         for event in events:
@@ -63,13 +58,13 @@ class PluginDirWatch:
         socket up to now are dropped, as they describe a registration that is over."""
         created = False
         while not self.kubelet_socket.exists():
-            created |= self._kubelet_created(await self._events())
-        return self._kubelet_created(self._inotify.read(timeout=0)) or created
+            created |= self._kubelet_created(await self._watcher.events())
+        return self._kubelet_created(self._watcher.ready()) or created
 
     async def wait_for_socket_gone(self) -> None:
         """Return once our socket's name is removed (or the kubelet restarts)."""
         while True:
-            for event in await self._events():
+            for event in await self._watcher.events():
                 if event.mask & _DIR_GONE:
                     raise DirectoryGone(f"{self.plugin_dir} was removed")
                 if event.name == self.socket_name and event.mask & _GONE:
@@ -80,7 +75,7 @@ class PluginDirWatch:
     async def wait_for_restart(self) -> str:
         """Return, with the reason, when our socket goes or kubelet.sock is made anew."""
         while True:
-            for event in await self._events():
+            for event in await self._watcher.events():
                 if event.mask & _DIR_GONE:
                     raise DirectoryGone(f"{self.plugin_dir} was removed")
                 if event.name == self.socket_name and event.mask & _GONE:
