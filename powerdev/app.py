@@ -268,7 +268,7 @@ async def serve_resource(
     while True:
         try:
             with PluginDirWatch(settings.plugin_dir, plugin.resource.socket) as watch:
-                await _registrations(settings, plugin, watch, serving, report)
+                await _registrations(plugin, watch, socket_path, serving, report)
         except* DirectoryGone as group:
             log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
         except* OSError as group:
@@ -283,15 +283,14 @@ async def serve_resource(
 
 
 async def _registrations(
-    settings: Settings,
     plugin: Plugin,
     watch: PluginDirWatch,
+    socket_path: Path,
     serving: Callable[[], None],
     report: Callable[[str], None],
 ) -> None:
     """One registration per pass: serve, Register, wait for a reason to redo it."""
     resource = plugin.resource
-    socket_path = settings.plugin_dir / resource.socket
     answers = Answers(plugin)  # encoded replies, kept across registrations
     quick_ends = 0  # registrations in a row whose stream the kubelet ended quickly
     while True:
@@ -307,10 +306,10 @@ async def _registrations(
                 socket_path,
             )
             report("waiting")
-            await watch.wait_for_socket_gone()
-            log.info("%s: %s is gone; serving", resource.name, socket_path)
+            reason = await watch.wait_for_restart()
+            log.info("%s: %s; serving", resource.name, reason)
             continue
-        socket_path.unlink(missing_ok=True)
+        socket_path.unlink(missing_ok=True)  # noqa: ASYNC240 (one local directory entry)
         new_kubelet = await watch.wait_for_kubelet()
         service = PluginService(plugin, answers)
         began = trio.current_time()

@@ -61,17 +61,6 @@ class PluginDirWatch:
             created |= self._kubelet_created(await self._watcher.events())
         return self._kubelet_created(self._watcher.ready()) or created
 
-    async def wait_for_socket_gone(self) -> None:
-        """Return once our socket's name is removed (or the kubelet restarts)."""
-        while True:
-            for event in await self._watcher.events():
-                if event.mask & _DIR_GONE:
-                    raise DirectoryGone(f"{self.plugin_dir} was removed")
-                if event.name == self.socket_name and event.mask & _GONE:
-                    return
-                if event.name == KUBELET_SOCKET and event.mask & _NEW:
-                    return
-
     async def wait_for_restart(self) -> str:
         """Return, with the reason, when our socket goes or kubelet.sock is made anew."""
         while True:
