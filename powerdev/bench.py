@@ -32,6 +32,7 @@ from powerdev.testing import (
     is_root,
     loop_control,
     make_nodes,
+    rss_kib,
     run_command,
 )
 
@@ -91,10 +92,8 @@ def cpu_ns(pid: int) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
+    kib = rss_kib(pid)
+    return float("nan") if kib is None else round(kib / 1024, 1)
 
 
 class Daemon:

@@ -36,6 +36,14 @@ def run_command(plugin_dir: Path, config: Path, dev_root: Path, *options: str) -
     ]
 
 
+def rss_kib(pid: int) -> int | None:
+    """A process's resident memory in KiB (VmRSS), or None if it reports none."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return None
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

@@ -16,7 +16,7 @@ from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
-from powerdev.testing import run_command
+from powerdev.testing import rss_kib, run_command
 
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
 
@@ -35,10 +35,9 @@ class Daemon:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
+        kib = rss_kib(self.proc.pid)
+        assert kib is not None, "no VmRSS"
+        return kib
 
     def lines(self, text: str) -> list[str]:
         return [line for line in self.log.read_text().splitlines() if text in line]
