@@ -7,7 +7,7 @@ and reused by every stream and every Allocate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from powerdev import allocation
 from powerdev.allocation import DeviceGrant, Unit
@@ -28,6 +28,14 @@ class Plugin:
         self._units_by_id: dict[str, Unit] = {}
         self._grant_key: tuple[int, str] | None = None
         self._grant: tuple[DeviceGrant, ...] = ()
+        # Applies every device event the kernel has queued, without waiting:
+        # Allocate calls it first, so a node removed a moment ago is never granted.
+        self.refresh: Callable[[], None] = lambda: None
+
+    def set_resource(self, resource: ResourceConfig) -> None:
+        self.resource = resource
+        if self.tracker is not None:
+            self.tracker.resource = resource
 
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""
@@ -39,8 +47,12 @@ class Plugin:
             self._units_key = key
         return self._units
 
-    def allocate(self, requests: Sequence[Sequence[str]]) -> list[tuple[DeviceGrant, ...]]:
+    def allocate(
+        self, requests: Sequence[Sequence[str]], *, refresh: bool = True
+    ) -> list[tuple[DeviceGrant, ...]]:
         """One grant per container request; AllocationRefused names a bad ID."""
+        if refresh:
+            self.refresh()
         snapshot = self.inventory.current
         self.units(snapshot)
         for ids in requests:

@@ -1,5 +1,5 @@
 """An inotify descriptor that Trio waits on: the one piece under every watch
-in powerdev (the plugin directory, link directories, the config directory)."""
+in powerdev (the plugin directory, device directories, the config directory)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,23 @@ class Watcher:
     def add(self, path: Path, mask: int) -> int:
         return self._inotify.add_watch(path, mask)
 
+    def remove(self, wd: int) -> None:
+        try:
+            self._inotify.rm_watch(wd)
+        except OSError:
+            pass  # already gone with its directory
+
     def ready(self) -> list[Event]:
         """The events queued now, without waiting (maybe none)."""
         return self._inotify.read(timeout=0)
 
+    async def wait(self) -> None:
+        """Return once events are queued."""
+        await trio.lowlevel.wait_readable(self._inotify.fileno())
+
     async def events(self) -> list[Event]:
         """Wait until events are queued, then take them all."""
-        await trio.lowlevel.wait_readable(self._inotify.fileno())
+        await self.wait()
         return self.ready()
 
     def __enter__(self) -> Watcher:

@@ -1,5 +1,9 @@
 """Regenerate powerdev/_proto from the .proto files in protos/.
 
+Two outputs from the same .proto: betterproto's classes and grpclib service
+bases (powerdev/_proto/v1beta1/), and protobuf's own module
+(powerdev/_proto/api_pb2.py), whose C (upb) encoder builds the large replies.
+
     python protos/generate.py           write the generated code
     python protos/generate.py --check   exit 1 when the committed code is stale
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +27,8 @@ SOURCES = sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto
 
 
 def generate(dest: Path) -> None:
-    """Run protoc with the betterproto plugin from this interpreter's environment."""
+    (dest / "pb").mkdir(parents=True, exist_ok=True)
+    """Run protoc with the betterproto plugin and protobuf's Python output."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(
@@ -32,6 +38,7 @@ def generate(dest: Path) -> None:
             "grpc_tools.protoc",
             f"-I{PROTOS}",
             f"--python_betterproto_out={dest}",
+            f"--python_out={dest / 'pb'}",
             *SOURCES,
         ],
         env=env,
@@ -41,6 +48,10 @@ def generate(dest: Path) -> None:
     )
     if done.returncode != 0:
         sys.exit(f"protoc failed:\n{done.stderr}")
+    # protoc mirrors the .proto's path; one flat module is all powerdev imports.
+    for made in sorted((dest / "pb").rglob("*_pb2.py")):
+        made.rename(dest / made.name)
+    shutil.rmtree(dest / "pb")
 
 
 def stale_files(fresh: Path, committed: Path) -> list[str]:

@@ -127,12 +127,15 @@ class ChannelEvents:
         self.send, self._receive = trio.open_memory_channel(float("inf"))
 
     async def next_batch(self):
-        batch = [await self._receive.receive()]
+        first = await self._receive.receive()
+        rest = self.ready_batch()
+        return "rescan" if first == "rescan" or rest == "rescan" else [first, *rest]
+
+    def ready_batch(self):
+        batch = []
         while True:
             try:
                 batch.append(self._receive.receive_nowait())
             except trio.WouldBlock:
                 break
-        if "rescan" in batch:
-            return "rescan"
-        return batch
+        return "rescan" if "rescan" in batch else batch

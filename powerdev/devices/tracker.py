@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import trio
+
 from powerdev.config import ResourceConfig
 from powerdev.devices.discovery import NX_GZIP, discover, is_virtual_block, matches_any, probe
 from powerdev.devices.inventory import Inventory
@@ -32,6 +34,11 @@ class DeviceEvent:
     paths: tuple[str, ...]  # host paths: the node, then its links (udev source only)
     subsystem: str
     number: tuple[int, int] | None = None  # major, minor
+
+
+def wanted_device(resource: ResourceConfig, device: Device) -> bool:
+    """After probing: block discovery (no include patterns) lists block nodes only."""
+    return bool(resource.include) or device.kind == "b" or device.path == NX_GZIP
 
 
 def wanted(resource: ResourceConfig, host_path: str, subsystem: str) -> bool:
@@ -56,13 +63,32 @@ class Tracker:
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
+        self._scans = 0  # rescans running now
+        self._during_scan: set[str] = set()  # paths events named while a rescan ran
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
 
-    def rescan(self) -> bool:
-        """Discover everything again; True if the published list changed."""
-        found = discover(self.resource, self.dev_root, self.sys_root)
+    async def rescan(self) -> bool:
+        """Discover everything again; True if the published list changed.
+
+        The scan (thousands of stat calls) runs in a worker thread. Events
+        that arrive meanwhile are applied at once, and their paths probed
+        again after the scan is published, since the scan may predate them."""
+        self._scans += 1
+        try:
+            found = await trio.to_thread.run_sync(
+                discover, self.resource, self.dev_root, self.sys_root
+            )
+        finally:
+            self._scans -= 1
+        changed = self._publish_scan(found)
+        if self._during_scan and not self._scans:
+            again, self._during_scan = self._during_scan, set()
+            changed |= self._probe(again)
+        return changed
+
+    def _publish_scan(self, found: tuple[Device, ...]) -> bool:
         present = {d.path for d in found}
         for path in list(self._identity):
             if path not in present:
@@ -75,19 +101,29 @@ class Tracker:
 
     def apply(self, events: list[DeviceEvent]) -> bool:
         """Re-probe the paths these events name; True if the published list
-        changed. Costs what the events touch, not what the resource holds."""
+        changed. Costs what the events touch, not what the resource holds.
+        A listed path is always probed again: it may be gone, whatever the event."""
+        listed = self.inventory.by_path
         paths: set[str] = set()
         for event in events:
-            paths.update(p for p in event.paths if wanted(self.resource, p, event.subsystem))
+            paths.update(
+                p for p in event.paths if p in listed or wanted(self.resource, p, event.subsystem)
+            )
             if event.number is not None:  # links we list to a node that changed
                 paths.update(self._by_number.get(event.number, ()))
         if not paths:
             return False
+        if self._scans:
+            self._during_scan |= paths
+        return self._probe(paths)
+
+    def _probe(self, paths: set[str]) -> bool:
         changes: dict[str, Device | None] = {}
         for path in paths:
             old = self.inventory.by_path.get(path)
             device = probe(self.dev_root, path)
-            if device is None:
+            if device is None or not wanted_device(self.resource, device):
+                device = None
                 self._identity.pop(path, None)
             else:
                 device = self._judge(device)

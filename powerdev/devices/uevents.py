@@ -58,20 +58,24 @@ class NetlinkEvents:
         """Every event that is ready, at least one; or RESCAN after an overflow."""
         while True:
             await trio.lowlevel.wait_readable(self._monitor.fileno())
-            batch: list[DeviceEvent] = []
-            while True:
-                try:
-                    device = self._monitor.poll(timeout=0)
-                except OSError as err:
-                    if err.errno == errno.ENOBUFS:
-                        log.warning("uevents were lost (socket buffer overflow): rescanning")
-                        return RESCAN
-                    raise
-                if device is None:
-                    break
-                batch.append(to_event(device))
+            batch = self.ready_batch()
             if batch:
                 return batch
+
+    def ready_batch(self) -> list[DeviceEvent] | str:
+        """The events queued now, without waiting (maybe none); or RESCAN."""
+        batch: list[DeviceEvent] = []
+        while True:
+            try:
+                device = self._monitor.poll(timeout=0)
+            except OSError as err:
+                if err.errno == errno.ENOBUFS:
+                    log.warning("uevents were lost (socket buffer overflow): rescanning")
+                    return RESCAN
+                raise
+            if device is None:
+                return batch
+            batch.append(to_event(device))
 
 
 def to_event(device: pyudev.Device) -> DeviceEvent:

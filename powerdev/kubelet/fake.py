@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,7 +76,11 @@ class Event:
 
 class FakeKubelet:
     def __init__(
-        self, plugin_dir: Path, *, on_event: Callable[[Event], None] | None = None
+        self,
+        plugin_dir: Path,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        before_dial: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.resources: dict[str, ResourceState] = {}
@@ -84,11 +88,15 @@ class FakeKubelet:
         self.refusals: list[str] = []
         self.refuse_next = 0  # refuse this many Register calls, as a kubelet in trouble would
         self.restarts = 0
+        self.generation = 0  # how many times it has started serving
+        # Awaited in Register just before the kubelet dials the plugin, so a
+        # test can act at exactly that moment (say, open another stream first).
+        self.before_dial = before_dial
         self._clients: dict[str, tuple[PluginClient, trio.CancelScope]] = {}
+        self._replaced: list[tuple[PluginClient, trio.CancelScope]] = []
         self._on_event = on_event
         self._changed = trio.Event()
         self._restart_requested = trio.Event()
-        self._serving = trio.Event()
         self._streams: trio.Nursery | None = None
 
     # --- watching the state -------------------------------------------------
@@ -118,14 +126,12 @@ class FakeKubelet:
                         await life.start(
                             serve_registration, self.plugin_dir / KUBELET_SOCKET, self._register
                         )
-                        self._serving.set()
+                        self.generation += 1
                         if first:
                             task_status.started()
                             first = False
-                        else:
-                            self._note(Event("restarted", ""))
+                        self._note(Event("restarted" if self.generation > 1 else "started", ""))
                         await self._restart_requested.wait()
-                        self._serving = trio.Event()
                         self._restart_requested = trio.Event()
                         life.cancel_scope.cancel()
                 finally:
@@ -133,11 +139,12 @@ class FakeKubelet:
 
     async def restart(self) -> None:
         """Stop, as a kubelet restart does (its plugin connections end), delete
-        every socket in the directory, and serve kubelet.sock again."""
+        every socket in the directory, and serve kubelet.sock again. Returns
+        once the new kubelet serves."""
         self.restarts += 1
+        target = self.generation + 1
         self._restart_requested.set()
-        await trio.lowlevel.checkpoint()
-        await self._serving.wait()
+        await self.wait_until(lambda k: k.generation >= target)
 
     def _clean_directory(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -149,10 +156,11 @@ class FakeKubelet:
                 pass
 
     def _drop_all_clients(self) -> None:
-        for client, scope in self._clients.values():
+        for client, scope in [*self._clients.values(), *self._replaced]:
             scope.cancel()
             client.close()
         self._clients.clear()
+        self._replaced.clear()
         for state in self.resources.values():
             state.connected = False
         self._streams = None
@@ -180,6 +188,8 @@ class FakeKubelet:
             raise RegisterRefused(f"invalid resource name {resource!r}: {problem}")
         if not endpoint or "/" in endpoint:
             raise RegisterRefused(f"invalid endpoint {endpoint!r}: must be a file name")
+        if self.before_dial is not None:
+            await self.before_dial()
         client = PluginClient(self.plugin_dir / endpoint)
         try:
             with trio.fail_after(DIAL_TIMEOUT):
@@ -188,9 +198,11 @@ class FakeKubelet:
             client.close()
             raise RegisterRefused(f"failed to dial device plugin at {endpoint}: {err}") from None
         old = self._clients.pop(resource, None)
-        if old is not None:  # a second Register for a name replaces the endpoint
-            old[1].cancel()
-            old[0].close()
+        if old is not None:
+            # A second Register for a name replaces the endpoint. As in the
+            # real device manager, the old stream is not cut here: it ends
+            # when its plugin ends it, and then affects only the old state.
+            self._replaced.append(old)
         state = ResourceState(resource, endpoint, options=options)
         self.resources[resource] = state
         self.registrations += 1

@@ -11,10 +11,11 @@ from powerdev.rpc.answers import Answers
 from powerdev.rpc.door import asyncio_door, serve
 from powerdev.rpc.kubelet_side import PluginClient, RegisterRefused, serve_registration
 from powerdev.rpc.plugin_service import PluginService
-from powerdev.rpc.registration import RegisterError, register
+from powerdev.rpc.registration import KubeletUnreachable, RegisterError, register
 
 __all__ = [
     "Answers",
+    "KubeletUnreachable",
     "PluginClient",
     "PluginService",
     "RegisterError",

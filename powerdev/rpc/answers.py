@@ -1,75 +1,83 @@
-"""Encoded replies for one resource, reused by every stream, call and registration.
+"""Encoded replies for one resource, shared by every stream, call and registration.
 
-A protobuf message is the concatenation of its fields, and a repeated field
-may be split over several concatenated messages. So each list entry (a
-Device, a DeviceSpec) is encoded once, as a one-entry message, and kept
-while it stays in the list; a whole reply is a join of those pieces. A change
-encodes only the entries that changed, and a reply costs a join, not a
-serialization of thousands of messages.
+A reply is encoded once per inventory version with protobuf's C encoder
+(upb: about 12 ms for a 10,000-device list or Allocate answer, where
+betterproto took over a second), in a worker thread, so the Trio thread
+never waits on it. Every stream and every Allocate of that version then
+sends the same bytes through the door's pass-through codec.
+
+An AllocateResponse with several containers is the join of one framed
+container response per container: protobuf concatenation semantics, so the
+container's bytes are encoded once and repeated.
 """
 
 from __future__ import annotations
 
-from betterproto import encode_varint
+from collections.abc import Callable, Hashable
 
-from powerdev._proto.v1beta1 import (
-    ContainerAllocateResponse,
-    Device,
-    DeviceSpec,
-    ListAndWatchResponse,
-)
+import trio
+
+from powerdev._proto import api_pb2 as pb
 from powerdev.allocation import DeviceGrant, Unit
 from powerdev.devices.inventory import Snapshot
 from powerdev.plugin import Plugin
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-_CONTAINER_RESPONSES = b"\x0a"  # AllocateResponse field 1, length-delimited
+
+
+class _Slot:
+    """One cached encoding and the key it was made for."""
+
+    def __init__(self) -> None:
+        self.key: Hashable = None
+        self.value = b""
 
 
 class Answers:
     def __init__(self, plugin: Plugin) -> None:
         self._plugin = plugin
-        self._units: dict[Unit, bytes] = {}
-        self._specs: dict[DeviceGrant, bytes] = {}
-        self._list_key: tuple[int, int] | None = None
-        self._list = b""
-        self._grant: tuple[DeviceGrant, ...] | None = None
-        self._container = b""
+        self._list = _Slot()
+        self._container = _Slot()
+        self._lock = trio.Lock()
 
-    def list_and_watch(self, snapshot: Snapshot) -> bytes:
+    async def list_and_watch(self, snapshot: Snapshot) -> bytes:
         """The encoded ListAndWatchResponse for a snapshot."""
-        key = (snapshot.version, self._plugin.resource.upper_limit)
-        if key != self._list_key:
-            units = self._plugin.units(snapshot)
-            old = self._units
-            self._units = {u: old.get(u) or _encode_unit(u) for u in units}
-            self._list = b"".join(self._units[u] for u in units)
-            self._list_key = key
-        return self._list
+        units = self._plugin.units(snapshot)
+        return await self._cached(self._list, units, lambda: encode_list(units))
 
-    def allocate(self, grants: list[tuple[DeviceGrant, ...]]) -> bytes:
-        """The encoded AllocateResponse: one container response per grant."""
-        return b"".join(self._framed_container(g) for g in grants)
+    async def allocate(self, grants: list[tuple[DeviceGrant, ...]]) -> bytes:
+        """The encoded AllocateResponse: one container response per grant.
+        The plugin hands out one grant tuple per version, so it is the key."""
+        if not grants:
+            return b""
+        grant = grants[0]
+        if any(g is not grant for g in grants):  # never today; correct all the same
+            return b"".join([await self._framed(g) for g in grants])
+        return await self._framed(grant) * len(grants)
 
-    def _framed_container(self, grant: tuple[DeviceGrant, ...]) -> bytes:
-        if grant is not self._grant:
-            old = self._specs
-            self._specs = {g: old.get(g) or _encode_spec(g) for g in grant}
-            body = b"".join(self._specs[g] for g in grant)
-            self._container = _CONTAINER_RESPONSES + encode_varint(len(body)) + body
-            self._grant = grant
-        return self._container
+    async def _framed(self, grant: tuple[DeviceGrant, ...]) -> bytes:
+        return await self._cached(self._container, grant, lambda: encode_container(grant))
 
-
-def _encode_unit(unit: Unit) -> bytes:
-    device = Device(id=unit.id, health=HEALTHY if unit.healthy else UNHEALTHY)
-    return bytes(ListAndWatchResponse(devices=[device]))
+    async def _cached(self, slot: _Slot, key: Hashable, make: Callable[[], bytes]) -> bytes:
+        async with self._lock:
+            if slot.key is not key:
+                slot.value = await trio.to_thread.run_sync(make)
+                slot.key = key
+            return slot.value
 
 
-def _encode_spec(grant: DeviceGrant) -> bytes:
-    spec = DeviceSpec(
-        container_path=grant.container_path,
-        host_path=grant.host_path,
-        permissions=grant.permissions,
-    )
-    return bytes(ContainerAllocateResponse(devices=[spec]))
+def encode_list(units: tuple[Unit, ...]) -> bytes:
+    reply = pb.ListAndWatchResponse()
+    add = reply.devices.add
+    for unit in units:
+        add(ID=unit.id, health=HEALTHY if unit.healthy else UNHEALTHY)
+    return reply.SerializeToString()
+
+
+def encode_container(grant: tuple[DeviceGrant, ...]) -> bytes:
+    """One container response, framed as an AllocateResponse with one entry."""
+    reply = pb.AllocateResponse()
+    add = reply.container_responses.add().devices.add
+    for g in grant:
+        add(container_path=g.container_path, host_path=g.host_path, permissions=g.permissions)
+    return reply.SerializeToString()

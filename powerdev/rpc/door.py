@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import trio_asyncio
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ async def serve(
     out the server is closed (its calls cancelled) and the socket removed,
     unless someone else has put a new file at that path meanwhile.
     """
-    server = Server(handlers, codec=PassThroughCodec())
+    server = _Server(handlers, codec=PassThroughCodec())
     # Binding is quick; a cancellation in the middle of it would leave a
     # bound socket that the `finally` below never sees.
     with trio.CancelScope(shield=True):
@@ -59,11 +61,38 @@ async def serve(
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
+            server.close()  # cancels every call
             with trio.move_on_after(CLOSE_TIMEOUT):
-                server.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
+            # grpclib leaves connections open; a client that never lets go
+            # would keep one (and a call with no deadline, such as the
+            # kubelet's Allocate, would wait forever). End them all.
+            server.abort_connections()
             if bound is not None:
                 _remove_if_same(path, bound)
+
+
+class _Server(Server):
+    """grpclib's Server, remembering its connections so that they can be ended."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def abort_connections(self) -> int:
+        """Drop every connection still open; how many there were."""
+        ended = 0
+        for protocol in list(self._protocols):
+            transport = getattr(getattr(protocol, "connection", None), "_transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.abort()
+                ended += 1
+        return ended
 
 
 class PassThroughCodec(ProtoCodec):

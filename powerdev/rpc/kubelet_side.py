@@ -115,6 +115,10 @@ class PluginClient:
             raise PluginCallError(err.status.name, err.message or "") from None
         except (TimeoutError, OSError, StreamTerminatedError) as err:
             raise PluginCallError("UNAVAILABLE", str(err) or type(err).__name__) from None
+        except AttributeError as err:
+            # grpclib's client, asked for a new stream on a connection the
+            # server has just dropped, fails this way before it notices.
+            raise PluginCallError("UNAVAILABLE", f"the connection was closed ({err})") from None
 
     async def _call(self, make: Callable[[DevicePluginStub], Awaitable[object]]) -> object:
         async def call() -> object:

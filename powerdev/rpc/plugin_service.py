@@ -29,26 +29,43 @@ from powerdev.plugin import Plugin
 from powerdev.rpc.answers import Answers
 
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
+OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
 MAX_PREFERRED_IDS = 100_000  # a bound on work for one GetPreferredAllocation
 
 
 class PluginService(DevicePluginBase):
-    """One per served socket. `kubelet_stream_ended` is set when the first
-    ListAndWatch stream on this socket (the kubelet's, opened as it handles
-    our Register) ends: the kubelet will not dial again, so we must register
-    again."""
+    """One per served socket.
+
+    Which ListAndWatch stream is the kubelet's? Not the first one: any client
+    may open a stream, before or after the kubelet. The kubelet, while it
+    handles our Register, dials us and calls GetDevicePluginOptions, then
+    opens ListAndWatch on that same connection (from a goroutine, maybe after
+    Register has returned). So a connection that asks for the options while
+    our Register is in flight is the kubelet's, and so is every stream on it.
+    `kubelet_stream_ended` is set when such a stream ends: the kubelet never
+    dials again, so we must register again. Another client's streams come
+    and go without effect.
+    """
 
     def __init__(self, plugin: Plugin, answers: Answers | None = None) -> None:
         self._plugin = plugin
         self._answers = answers or Answers(plugin)
         self.kubelet_stream_ended = trio.Event()
         self.kubelet_list_sent = trio.Event()
+        self.registering = False  # set by the caller around its Register call
+        self._kubelet_connections: set[object] = set()
         self.streams_opened = 0
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
         return DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=False
         )
+
+    async def _options(self, stream: Stream[Empty, DevicePluginOptions]) -> None:
+        request = await stream.recv_message()
+        if self.registering:
+            self._kubelet_connections.add(connection_of(stream))
+        await stream.send_message(await self.get_device_plugin_options(request or Empty()))
 
     async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
         requests = [
@@ -59,8 +76,9 @@ class PluginService(DevicePluginBase):
             grants = self._plugin.allocate(requests)
         except AllocationRefused as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
-        # Already encoded: the door's codec sends bytes as they are.
-        return self._answers.allocate(grants)  # type: ignore[return-value]
+        # Already encoded (in a worker thread): the door's codec sends bytes as they are.
+        encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
+        return encoded  # type: ignore[no-any-return]
 
     async def get_preferred_allocation(
         self, preferred_allocation_request: PreferredAllocationRequest
@@ -92,32 +110,38 @@ class PluginService(DevicePluginBase):
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         # The generated handler iterates an async generator that it never
         # closes; ours works on the stream itself and cleans up in `finally`.
+        # The options call is taken at the stream level too, to see its connection.
         mapping = super().__mapping__()
-        generated = mapping[LIST_AND_WATCH]
-        mapping[LIST_AND_WATCH] = grpclib.const.Handler(
-            self._list_and_watch,
-            generated.cardinality,
-            generated.request_type,
-            generated.reply_type,
-        )
+        for name, handler in ((LIST_AND_WATCH, self._list_and_watch), (OPTIONS, self._options)):
+            generated = mapping[name]
+            mapping[name] = grpclib.const.Handler(
+                handler, generated.cardinality, generated.request_type, generated.reply_type
+            )
         return mapping
 
     async def _list_and_watch(self, stream: Stream[Empty, ListAndWatchResponse]) -> None:
         await stream.recv_message()
         self.streams_opened += 1
-        from_kubelet = self.streams_opened == 1
+        from_kubelet = connection_of(stream) in self._kubelet_connections
         wait_newer = trio_asyncio.trio_as_aio(self._plugin.inventory.wait_newer)
+        encode = trio_asyncio.trio_as_aio(self._answers.list_and_watch)
         try:
             sent = 0
             while True:
                 snapshot = await wait_newer(sent)
-                await stream.send_message(self._answers.list_and_watch(snapshot))
+                await stream.send_message(await encode(snapshot))
                 sent = snapshot.version
                 if from_kubelet:
                     self.kubelet_list_sent.set()
         finally:
             if from_kubelet:
                 self.kubelet_stream_ended.set()
+
+
+def connection_of(stream: Stream) -> object:
+    """What identifies a call's HTTP/2 connection: its transport, which every
+    stream on one connection shares (grpclib keeps it on the peer object)."""
+    return stream.peer._transport  # type: ignore[attr-defined]
 
 
 def _items(message: object, field: str) -> list:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import trio_asyncio
 from grpclib.client import Channel
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from h2.exceptions import H2Error
 
 from powerdev._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
 
@@ -16,6 +17,10 @@ REGISTER_TIMEOUT = 30.0  # the kubelet dials us for up to 10 s before it answers
 
 class RegisterError(Exception):
     """Register did not succeed; str() says why, in one line."""
+
+
+class KubeletUnreachable(RegisterError):
+    """Nobody answered on kubelet.sock: the kubelet is stopping or restarting."""
 
 
 async def register(
@@ -45,7 +50,10 @@ async def register(
         await trio_asyncio.aio_as_trio(call)()
     except GRPCError as err:
         raise RegisterError(f"the kubelet refused: {err.message or err.status.name}") from None
-    except (TimeoutError, OSError, StreamTerminatedError) as err:
+    except (ConnectionError, FileNotFoundError) as err:
+        raise KubeletUnreachable(f"{kubelet_socket}: {err.strerror or err}") from None
+    except (TimeoutError, OSError, StreamTerminatedError, ProtocolError, H2Error) as err:
+        # Any transport or HTTP/2 failure: a reason to try again, never to exit.
         raise RegisterError(
             f"cannot reach the kubelet at {kubelet_socket}: {err or type(err).__name__}"
         ) from None

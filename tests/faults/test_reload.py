@@ -71,12 +71,12 @@ async def test_configmap_swaps_apply_good_configs_and_keep_the_last_good_one(tmp
             assert kubelet.resources[RESOURCE].capacity == 5  # the last good config stays
             assert grant_permissions(await kubelet.allocate(RESOURCE, ["pool.x1"])) == {"r"}
 
-            volume.write(**{"include-devices": ["/dev/pool/*"], "upper-limit": 2})
+            volume.write(**{"include-devices": ["/dev/pool/x*"], "permissions": "rw"})
             await kubelet.wait_until(
-                lambda k: set(k.resources[RESOURCE].devices) == {"share-1", "share-2"}
+                lambda k: set(k.resources[RESOURCE].devices) == {"pool.x0", "pool.x1"}
             )
-            grant = await kubelet.allocate(RESOURCE, ["share-2"])
-            assert len(grant.devices) == 5 and grant_permissions(grant) == {"rw"}
+            grant = await kubelet.allocate(RESOURCE, ["pool.x0"])
+            assert len(grant.devices) == 2 and grant_permissions(grant) == {"rw"}
             assert kubelet.registrations == 1  # applied in place, no re-registration
 
             volume.write(**{"include-devices": ["/dev/pool/d*"]})
@@ -102,9 +102,9 @@ async def test_sighup_reloads(tmp_path):
         ):
             await kubelet.wait_until(registered(1, 2))
             with alias.open("r+") as f:
-                f.write(json.dumps({"include-devices": ["/dev/pool/*"], "upper-limit": 7}))
+                f.write(json.dumps({"include-devices": ["/dev/pool/d1"]}))
                 f.truncate()
             daemon.proc.send_signal(signal.SIGHUP)
-            await kubelet.wait_until(lambda k: k.resources[RESOURCE].capacity == 7)
+            await kubelet.wait_until(lambda k: set(k.resources[RESOURCE].devices) == {"pool.d1"})
             assert "received SIGHUP" in "".join(daemon.lines("SIGHUP"))
             assert await daemon.terminate() == 0

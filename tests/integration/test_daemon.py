@@ -13,7 +13,7 @@ from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.paths import KUBELET_SOCKET
 from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError
-from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
+from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree, wait_for_file
 
 LIMIT = 10  # seconds; every wait below is on an event, this only bounds a hang
 
@@ -46,7 +46,7 @@ async def test_a_change_reaches_the_kubelet_as_a_whole_list(tmp_path, dev):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
             (dev / "dm-7").symlink_to("/dev/null")
             (dev / "dm-0").unlink()
-            app.scan(h.plugin)
+            await app.scan(h.plugin)
             await h.kubelet.wait_until(lambda k: "dm-7" in h.state().devices)
             assert sorted(h.state().devices) == ["dm-1", "dm-7", "mapper.mpatha"]
             assert h.state().updates == 2
@@ -94,21 +94,19 @@ async def test_two_streams_both_get_every_update(tmp_path, dev):
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
             seen: list[list[str]] = []
-            got = trio.Event()
+            arrived = trio.Event()
 
             def on_update(devices):
+                nonlocal arrived
                 seen.append(sorted(i for i, _ in devices))
-                if len(seen) == 2:
-                    got.set()
+                arrived.set()
+                arrived = trio.Event()
 
             other = PluginClient(h.settings.plugin_dir / h.plugin.resource.socket)
             h.nursery.start_soon(other.watch, on_update)
-            await h.kubelet.wait_until(lambda k: True)
-            (dev / "dm-9").symlink_to("/dev/null")
-            while not seen:  # the second stream's first list comes at once
-                await trio.lowlevel.checkpoint()
-            app.scan(h.plugin)
-            await got.wait()
+            await arrived.wait()  # the second stream's first list comes at once
+            (dev / "dm-9").symlink_to("/dev/null")  # seen by the watch on dev/
+            await arrived.wait()
             await h.kubelet.wait_until(lambda k: "dm-9" in h.state().devices)
             assert seen[1] == sorted(h.state().devices) == ["dm-0", "dm-1", "dm-9", "mapper.mpatha"]
             other.close()
@@ -145,11 +143,14 @@ async def test_serves_again_when_its_socket_is_deleted(tmp_path, dev):
 
 async def test_waits_for_an_absent_kubelet(tmp_path, dev):
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    status = tmp_path / "status.json"
+    settings = app.Settings(
+        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", status_file=status
+    )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             nursery.start_soon(app.run, settings, config_for(INCLUDE))
-            await trio.testing.wait_all_tasks_blocked()
+            await wait_for_file(status, lambda text: '"waiting"' in text)
             assert not (plugin_dir / KUBELET_SOCKET).exists()
             assert list(plugin_dir.iterdir()) == []  # nothing served before the kubelet is up
             kubelet = FakeKubelet(plugin_dir)

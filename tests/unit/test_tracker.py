@@ -3,15 +3,16 @@
 import pytest
 
 from powerdev.config import ResourceConfig
+from powerdev.devices.dirwatch import watch_levels
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker, wanted
 from tests.conftest import make_dev_tree
 
 
-def tracker(tmp_path, resource, names=()):
+async def tracker(tmp_path, resource, names=()):
     dev = make_dev_tree(tmp_path / "dev", list(names))
     t = Tracker(resource, Inventory(), dev, tmp_path / "sys")
-    t.rescan()
+    await t.rescan()
     return t, dev
 
 
@@ -47,8 +48,8 @@ def test_wanted(resource, path, subsystem, hit):
     assert wanted(resource, path, subsystem) is hit
 
 
-def test_add_and_remove_events_change_only_what_they_name(tmp_path):
-    t, dev = tracker(tmp_path, INCLUDE, ["dm-0"])
+async def test_add_and_remove_events_change_only_what_they_name(tmp_path):
+    t, dev = await tracker(tmp_path, INCLUDE, ["dm-0"])
     version = t.inventory.current.version
     (dev / "dm-1").symlink_to("/dev/null")
     (dev / "dm-2").symlink_to("/dev/null")  # no event for it: not looked at
@@ -60,16 +61,16 @@ def test_add_and_remove_events_change_only_what_they_name(tmp_path):
     assert listed(t) == {"/dev/dm-0": True}
 
 
-def test_events_that_match_nothing_publish_nothing(tmp_path):
-    t, _ = tracker(tmp_path, INCLUDE, ["dm-0", "sda"])
+async def test_events_that_match_nothing_publish_nothing(tmp_path):
+    t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "sda"])
     version = t.inventory.current.version
     assert t.apply([DeviceEvent("change", ("/dev/sda",), "block", (8, 0))]) is False
     assert t.apply([DeviceEvent("change", ("/dev/dm-0",), "block", (1, 3))]) is False  # same node
     assert t.inventory.current.version == version
 
 
-def test_a_burst_becomes_one_exact_update(tmp_path):
-    t, dev = tracker(tmp_path, INCLUDE, [])
+async def test_a_burst_becomes_one_exact_update(tmp_path):
+    t, dev = await tracker(tmp_path, INCLUDE, [])
     events = []
     for i in range(500):
         (dev / f"dm-{i}").symlink_to("/dev/null")
@@ -83,8 +84,8 @@ def test_a_burst_becomes_one_exact_update(tmp_path):
     assert sorted(listed(t)) == sorted(f"/dev/dm-{i}" for i in range(1, 500, 2) if i != 9)
 
 
-def test_links_are_followed_by_their_node_number(tmp_path):
-    t, dev = tracker(tmp_path, ResourceConfig(include=("/dev/mapper/*",)), [])
+async def test_links_are_followed_by_their_node_number(tmp_path):
+    t, dev = await tracker(tmp_path, ResourceConfig(include=("/dev/mapper/*",)), [])
     (dev / "dm-0").symlink_to("/dev/null")
     (dev / "mapper").mkdir()
     (dev / "mapper" / "mpatha").symlink_to("../dm-0")
@@ -97,14 +98,14 @@ def test_links_are_followed_by_their_node_number(tmp_path):
     assert listed(t) == {}
 
 
-def test_another_device_under_the_same_name_is_unhealthy_until_it_goes(tmp_path):
-    t, dev = tracker(tmp_path, INCLUDE, ["dm-0"])
+async def test_another_device_under_the_same_name_is_unhealthy_until_it_goes(tmp_path):
+    t, dev = await tracker(tmp_path, INCLUDE, ["dm-0"])
     event = DeviceEvent("change", ("/dev/dm-0",), "block", None)
     (dev / "dm-0").unlink()
     (dev / "dm-0").symlink_to("/dev/zero")  # 1:5 where 1:3 was
     t.apply([event])
     assert listed(t) == {"/dev/dm-0": False}
-    assert t.rescan() is False  # a rescan does not launder it
+    assert (await t.rescan()) is False  # a rescan does not launder it
     (dev / "dm-0").unlink()
     (dev / "dm-0").symlink_to("/dev/null")  # the original is back
     t.apply([event])
@@ -121,17 +122,15 @@ def test_another_device_under_the_same_name_is_unhealthy_until_it_goes(tmp_path)
     assert listed(t) == {"/dev/dm-0": True}
 
 
-def test_rescan_is_exact(tmp_path):
-    t, dev = tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
+async def test_rescan_is_exact(tmp_path):
+    t, dev = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
     (dev / "dm-0").unlink()
     (dev / "dm-5").symlink_to("/dev/null")
-    assert t.rescan() is True
+    assert (await t.rescan()) is True
     assert listed(t) == {"/dev/dm-1": True, "/dev/dm-5": True}
 
 
-def test_link_dirs_are_the_literal_directories_below_dev():
-    from powerdev.devices.linkdirs import link_dirs
-
+def test_watch_levels_are_dev_and_every_directory_level_of_the_patterns():
     patterns = [
         "/dev/mapper/*",
         "/dev/dm-*",
@@ -139,4 +138,11 @@ def test_link_dirs_are_the_literal_directories_below_dev():
         "/dev/disk/by-id/wwn-*",
         "/dev/mapper/mpath?",
     ]
-    assert link_dirs(patterns) == ["/dev/disk/by-id", "/dev/mapper"]
+    assert watch_levels(patterns) == [
+        "/dev",
+        "/dev/disk",
+        "/dev/disk/by-*",
+        "/dev/disk/by-id",
+        "/dev/mapper",
+    ]
+    assert watch_levels([]) == ["/dev"]  # block discovery: nodes in /dev itself

@@ -1,0 +1,132 @@
+"""Applying a changed config.json to the running resources.
+
+The file is read again on inotify events in its directory (a ConfigMap's
+`..data` swap included) and on SIGHUP; it is acted on once per new content.
+A bad file is logged (file, field, fix) and the last good config stays in
+force. SIGHUP also rescans every resource, even when the file is unchanged.
+
+One field is not applied while running: lowering `upper-limit`, or
+switching between 0 (one unit per device) and N (shares). The kubelet has
+checkpointed the unit IDs that running pods hold, and a new set of IDs
+would not count them, so more pods than the limit could hold the resource.
+Raising N keeps every old ID and is applied at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+
+from powerdev.config import ConfigError, ResourceConfig, decode_config, parse_config
+from powerdev.configwatch import ConfigWatch
+from powerdev.plugin import Plugin
+
+log = logging.getLogger(__name__)
+
+
+class Reloader:
+    def __init__(
+        self,
+        config_path: Path,
+        plugins: list[Plugin],
+        rescan: Callable[[Plugin], Awaitable[None]],
+        on_applied: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config_path = config_path
+        self.plugins = plugins
+        self._rescan = rescan
+        self._on_applied = on_applied
+        self._last_seen: bytes | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with (
+            ConfigWatch(self.config_path) as watch,
+            trio.open_signal_receiver(signal.SIGHUP) as hangups,
+        ):
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+
+                async def on_hangup() -> None:
+                    async for _ in hangups:
+                        log.info(
+                            "received SIGHUP: reading %s again and rescanning devices",
+                            self.config_path,
+                        )
+                        await self.reload()
+                        for plugin in self.plugins:
+                            await self._rescan(plugin)
+
+                nursery.start_soon(on_hangup)
+                while True:
+                    await watch.wait_for_change()
+                    await self.reload()
+
+    async def reload(self) -> bool:
+        """Read the config again and apply what changed; False if it was bad."""
+        path = self.config_path
+        try:
+            seen: bytes | None = path.read_bytes()
+        except FileNotFoundError:
+            seen = None
+        except OSError as err:
+            seen = f"unreadable: {err}".encode()
+        if seen == self._last_seen:
+            return True
+        self._last_seen = seen
+        if seen is None:
+            log.warning("%s is gone; the last good config stays in force", path)
+            return False
+        first = self.plugins[0].resource
+        try:
+            config = parse_config(
+                decode_config(seen, str(path)),
+                source=str(path),
+                resource_name=first.name,
+                socket_name=first.socket,
+            )
+        except ConfigError as err:
+            log.error("config not applied, the last good one stays in force: %s", err)
+            return False
+        for warning in config.warnings:
+            log.warning("%s", warning)
+        for plugin, resource in zip(self.plugins, config.resources, strict=True):
+            resource = _keep_unit_model(plugin.resource, resource, str(path))
+            if resource != plugin.resource:
+                await self._apply(plugin, resource)
+        self._on_applied()
+        return True
+
+    async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
+        old = plugin.resource
+        changes = ", ".join(
+            f"{name} {getattr(old, name)!r} -> {getattr(resource, name)!r}"
+            for name in resource.__dataclass_fields__
+            if getattr(old, name) != getattr(resource, name)
+        )
+        log.info("%s: config applied: %s", resource.name, changes)
+        plugin.set_resource(resource)
+        await self._rescan(plugin)
+        if resource.upper_limit != old.upper_limit:
+            plugin.inventory.publish(plugin.inventory.current.devices, force=True)
+
+
+def _keep_unit_model(old: ResourceConfig, new: ResourceConfig, source: str) -> ResourceConfig:
+    """The new resource, with upper-limit kept when changing it would change
+    unit IDs that running pods may hold (see the module's docstring)."""
+    if new.upper_limit == old.upper_limit or 0 < old.upper_limit < new.upper_limit:
+        return new
+    log.warning(
+        "%s: field 'upper-limit' %d -> %d is not applied while powerdev runs: pods may "
+        "hold the current unit IDs, and the kubelet would not count them against new ones; "
+        "restart powerdev to apply it, best when no pod holds %s",
+        source,
+        old.upper_limit,
+        new.upper_limit,
+        old.name,
+    )
+    return replace(new, upper_limit=old.upper_limit)

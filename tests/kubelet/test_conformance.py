@@ -1,0 +1,260 @@
+"""powerdev (the real process) against the kubelet's own device manager.
+
+Every test starts `dmharness` (Kubernetes v1.32 device manager code) on a
+temp plugin directory and `powerdev run` beside it, and checks what the
+kubelet itself concludes: capacity, admission, DeviceSpecs, checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.kubelet.fake import FakeKubelet
+from powerdev.rpc import PluginClient, asyncio_door
+from powerdev.testing import is_root, loop_control, make_nodes
+from tests.kubelet.conftest import node, write_config
+
+LIMIT = 60
+needs_root = pytest.mark.skipif(not is_root(), reason="needs root: mknod, mount, loop devices")
+
+
+def pool(tmp_path, count=4, **fields):
+    dev = tmp_path / "dev"
+    make_nodes(dev / "pool", [f"d{i}" for i in range(count)])
+    fields.setdefault("include-devices", ["/dev/pool/*"])
+    return dev, write_config(tmp_path / "config.json", **fields)
+
+
+def specs(reply):
+    return [(d["host"], d["container"], d["permissions"]) for d in reply["runopts"]["devices"]]
+
+
+async def test_registration_capacity_and_options(tmp_path, dmharness):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            state = (await n.dm.call("state"))["state"]
+            assert state["healthy"] == ["pool.d0", "pool.d1", "pool.d2", "pool.d3"]
+            assert state["unhealthy"] == [] and state["endpoint_live"]
+            options = state["options"] or {}
+            assert not options.get("pre_start_required")
+            assert not options.get("get_preferred_allocation_available")
+
+
+async def test_admission_gives_every_device_and_refuses_what_is_not_free(tmp_path, dmharness):
+    dev, config = pool(tmp_path, permissions="r")
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            first = await n.dm.call("admit", "p1", 1)
+            assert first["admitted"], first
+            assert specs(first) == [(f"/dev/pool/d{i}", f"/dev/pool/d{i}", "r") for i in range(4)]
+            too_many = await n.dm.call("admit", "p2", 4)  # 3 are free
+            assert not too_many["admitted"]
+            assert "UnexpectedAdmissionError" in too_many["allocate_handler"]["reason"]
+            assert (await n.dm.call("admit", "p3", 3))["admitted"]
+
+
+async def test_allocations_survive_kubelet_restarts_and_a_killed_kubelet(tmp_path, dmharness):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            admitted = await n.dm.call("admit", "p1", 2)
+            held = admitted["device_ids"]
+            checkpoint = (await n.dm.call("checkpoint"))["checkpoint"]["Data"]
+            (entry,) = checkpoint["PodDeviceEntries"]
+            assert entry["PodUID"] == "uid-p1" and sorted(entry["DeviceIDs"]["-1"]) == held
+
+            restarted = await n.dm.call("restart", 4, 10000)
+            assert restarted["registered"] and restarted["capacity_back"], restarted
+            assert (await n.dm.call("devices", "p1"))["device_ids"] == held
+            assert (await n.dm.call("runopts", "p1"))["runopts"]["devices"]
+
+            # A kubelet killed outright leaves its socket; a new one starts
+            # from the checkpoint, deletes every socket and serves again.
+            await n.dm.kill()
+            async with n.dm.running(n.binary, tmp_path / "kubelet-2.log") as again:
+                await again.call("addpod", "p1", 2)  # the pod manager knows its pods
+                await again.call("start", n.plugin_dir)
+                reply = await again.call("wait", 4, 4, 10000)
+                assert reply["ok"], reply
+                assert (await again.call("devices", "p1"))["device_ids"] == held
+                assert not (await again.call("admit", "p2", 3))["admitted"]  # 2 are free
+                assert (await again.call("admit", "p3", 2))["admitted"]
+
+
+async def test_many_restarts_each_registered_again(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 100)
+    registered, back = [], []
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(100, 100)
+            for _ in range(20):
+                reply = await n.dm.call("restart", 100, 10000)
+                assert reply["registered"] and reply["capacity_back"], reply
+                registered.append(reply["registered_ms"])
+                back.append(reply["capacity_back_ms"])
+            print(
+                f"\n20 kubelet restarts, 100 devices: registered again in "
+                f"median {statistics.median(registered):.1f} ms, max {max(registered):.1f} ms; "
+                f"capacity back in median {statistics.median(back):.1f} ms, max {max(back):.1f} ms"
+            )
+            assert len(n.log_lines("registered with the kubelet")) == 21
+
+
+async def test_upper_limit_is_enforced_by_the_kubelet(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 2, **{"upper-limit": 3})
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(3, 3)
+            for pod in ("a", "b", "c"):
+                reply = await n.dm.call("admit", pod, 1)
+                assert reply["admitted"] and len(specs(reply)) == 2
+            assert not (await n.dm.call("admit", "d", 1))["admitted"]
+            await n.dm.call("delpod", "a")  # the pod ended: its unit is free again
+            assert (await n.dm.call("admit", "d", 1))["admitted"]
+            assert not (await n.dm.call("admit", "e", 1))["admitted"]
+
+
+async def test_sigterm_leaves_the_kubelet_with_no_allocatable_and_no_socket(tmp_path, dmharness):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            assert await n.terminate() == 0
+            await n.wait(4, 0)  # the kubelet marks the devices unhealthy
+            assert not n.socket.exists()
+            assert not (await n.dm.call("admit", "p1", 1))["admitted"]
+
+
+@needs_root
+async def test_real_hotplug_changes_allocatable_both_ways(tmp_path, dmharness):
+    config = write_config(tmp_path / "config.json", **{"include-devices": ["/dev/loop39[0-9]"]})
+    with trio.fail_after(LIMIT), loop_control() as loops:
+        async with node(tmp_path, dmharness, config, Path("/dev"), "--uevents", "kernel") as n:
+            assert (await n.dm.call("waitlive", 10000))["ok"]
+            loops.add(390)
+            await n.wait(1, 1)
+            loops.add(391)
+            await n.wait(2, 2)
+            assert (await n.dm.call("admit", "p1", 1))["admitted"]
+            loops.remove(390)
+            await n.wait(1, 1)
+            assert (await n.dm.call("state"))["state"]["healthy"] == ["loop391"]
+            loops.remove(391)
+            await n.wait(0, 0)
+
+
+# --- what the real kubelet showed, fixed ------------------------------------------
+
+
+async def test_a_node_removed_without_a_kernel_event_is_never_granted(tmp_path, dmharness):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            os.unlink(dev / "pool" / "d3")  # `rm` in a host /dev: no uevent
+            # At once, before the kubelet has even heard of it: not granted.
+            reply = await n.dm.call("rawalloc", n.socket.name, "pool.d0")
+            assert (reply["grpc_code"], reply["devices"]) == ("OK", 3)
+            gone = await n.dm.call("rawalloc", n.socket.name, "pool.d3")
+            assert gone["grpc_code"] == "InvalidArgument" and "pool.d3" in gone["grpc_message"]
+            await n.wait(3, 3)
+            admitted = await n.dm.call("admit", "p1", 1)
+            assert [h for h, _, _ in specs(admitted)] == [f"/dev/pool/d{i}" for i in range(3)]
+
+
+async def test_directories_that_appear_later_or_are_made_again_are_watched(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 2, **{"include-devices": ["/dev/pool/*", "/dev/late/*"]})
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(2, 2)
+            make_nodes(dev / "late", ["x"])  # the directory did not exist at start
+            await n.wait(3, 3)
+            shutil.rmtree(dev / "late")
+            await n.wait(2, 2)
+            make_nodes(dev / "late", ["y", "z"])  # made again: a new directory to watch
+            await n.wait(4, 4)
+            os.unlink(dev / "late" / "y")
+            await n.wait(3, 3)
+            state = (await n.dm.call("state"))["state"]
+            assert state["healthy"] == ["late.z", "pool.d0", "pool.d1"]
+
+
+@needs_root
+async def test_sighup_rescans_even_when_the_config_is_the_same(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 2, **{"include-devices": ["/dev/pool/*", "/dev/hidden/*"]})
+    (dev / "hidden").mkdir()
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(2, 2)
+            # Nodes in a filesystem mounted over a watched directory raise no
+            # inotify event there: only a rescan can find them.
+            await trio.run_process(["mount", "-t", "tmpfs", "none", str(dev / "hidden")])
+            try:
+                make_nodes(dev / "hidden", ["h0"])
+                assert (await n.dm.call("cap"))["capacity"] == 2
+                n.daemon.send_signal(signal.SIGHUP)
+                await n.wait(3, 3)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.run_process(["umount", str(dev / "hidden")], check=False)
+
+
+async def test_another_clients_stream_after_the_kubelets_changes_nothing(tmp_path, dmharness):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n, asyncio_door():
+            await n.wait(4, 4)
+            other = PluginClient(n.socket)
+            seen = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other.watch, lambda devices: seen.set())
+                await seen.wait()
+                other.close()  # the other stream ends
+            assert (await n.dm.call("rawalloc", n.socket.name, "pool.d0"))["grpc_code"] == "OK"
+            assert len(n.log_lines("registered with the kubelet")) == 1
+            restarted = await n.dm.call("restart", 4, 10000)  # the kubelet's stream ends
+            assert restarted["registered"] and restarted["capacity_back"]
+            assert len(n.log_lines("registered with the kubelet")) == 2
+
+
+async def test_another_clients_stream_before_the_kubelets_is_not_taken_for_it(tmp_path):
+    # The real kubelet opens its stream after Register returns; a client
+    # that is quicker must not be taken for the kubelet. The fake kubelet
+    # lets the test open a stream at exactly that moment.
+    from powerdev import app
+    from tests.conftest import config_for, make_dev_tree
+
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
+    plugin_dir = tmp_path / "device-plugins"
+    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            other = PluginClient(plugin_dir / "power-dev.csi.ibm.com-reg.sock")
+            first_list = trio.Event()
+
+            async def open_another_stream_first() -> None:
+                nursery.start_soon(other.watch, lambda devices: first_list.set())
+                await first_list.wait()
+
+            kubelet = FakeKubelet(plugin_dir, before_dial=open_another_stream_first)
+            await nursery.start(kubelet.run)
+            nursery.start_soon(app.run, settings, config_for('{"include-devices": ["/dev/dm-*"]}'))
+            name = "power-dev-plugin/dev"
+            await kubelet.wait_until(lambda k: k.registrations == 1 and k.resources[name].updates)
+            kubelet.before_dial = None
+            kubelet.end_stream(name)  # the kubelet's stream ends: powerdev must register again
+            await kubelet.wait_until(lambda k: k.registrations == 2 and k.resources[name].updates)
+            assert kubelet.resources[name].allocatable == 2
+            other.close()
+            nursery.cancel_scope.cancel()
