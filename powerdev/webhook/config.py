@@ -15,7 +15,7 @@ from powerdev.config import (
     resource_name_problem,
 )
 
-DEFAULT_WEBHOOK_CONFIG = "/etc/powerdev-webhook/webhook.json"
+DEFAULT_WEBHOOK_CONFIG = "/etc/powerdev-webhook/config/webhook.json"
 # The command's other defaults, kept here because this module is light to import.
 DEFAULT_LISTEN = "0.0.0.0:8443"
 DEFAULT_CERT_DIR = "/etc/powerdev-webhook/tls"
