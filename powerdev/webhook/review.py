@@ -30,7 +30,7 @@ class BadReview(ValueError):
 def parse(body: bytes) -> dict:
     """The review's request object, checked for what an answer needs."""
     try:
-        review = json.loads(body)
+        review = json.loads(body.decode("utf-8"))  # bytes alone would let json guess UTF-16
     except UnicodeDecodeError:
         raise BadReview("the body is not UTF-8 JSON") from None
     except ValueError as err:

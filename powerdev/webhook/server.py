@@ -38,6 +38,7 @@ from powerdev.webhook.tls import KeyPair
 
 log = logging.getLogger(__name__)
 READY_LINE = "powerdev webhook: serving"
+DRAIN_FACTOR = 4  # an over-limit body up to this many times the limit is read and dropped
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -165,11 +166,10 @@ class WebhookApp:
         if media != b"application/json":
             return 415, b"the body must be application/json (an AdmissionReview)\n"
         length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                return 400, b"bad Content-Length\n"
-            if int(length) > self.max_body:
-                return 413, self._too_large()
+        if length is not None and not length.isdigit():
+            return 400, b"bad Content-Length\n"
+        if length is not None and int(length) > DRAIN_FACTOR * self.max_body:
+            return 413, self._too_large()  # not worth reading: answer, and the connection closes
         body = await _read_body(receive, self.max_body)
         if body is None:
             return 413, self._too_large()
@@ -190,7 +190,10 @@ class WebhookApp:
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None once it passes `limit` bytes (or the client left)."""
+    """The request body, or None when it is over `limit` bytes (or the client
+    left). A body somewhat over the limit is read to its end and dropped, so
+    that the 413 reaches a client still sending, instead of a reset; past
+    DRAIN_FACTOR times the limit, reading stops."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -199,11 +202,13 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return None
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        if size <= limit:
+            chunks.append(chunk)
+        else:
+            chunks.clear()
+        more = message.get("more_body", False)
+        if not more or size > DRAIN_FACTOR * limit:
+            return b"".join(chunks) if size <= limit else None
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
