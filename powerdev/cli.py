@@ -21,6 +21,7 @@ from powerdev.config import (
 )
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
 from powerdev.status import DEFAULT_STATUS_FILE
+from powerdev.webhook import cli as webhook_cli
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", type=Path, default=None, help="use this config.json instead of the demo one"
     )
     common(local)
+    webhook_cli.add_parsers(sub, LOG_LEVELS)
     return parser
 
 
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.log_level != "debug":
         logging.getLogger("grpclib").setLevel(logging.WARNING)
+    if args.command in webhook_cli.COMMANDS:
+        return webhook_cli.main(args)
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     from powerdev import app, health, local  # after logging is set up
 

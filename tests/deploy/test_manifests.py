@@ -16,7 +16,14 @@ from powerdev.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors
 OPENSHIFT_KINDS = {"SecurityContextConstraints"}  # not in the Kubernetes schemas
-KUSTOMIZATIONS = ["deploy", "deploy/openshift", "examples"]
+CERT_MANAGER_KINDS = {"Certificate", "Issuer"}  # neither: tests/webhook/test_deploy.py checks them
+KUSTOMIZATIONS = [
+    "deploy",
+    "deploy/openshift",
+    "deploy/webhook",
+    "deploy/webhook/openshift",
+    "examples",
+]
 
 
 def manifests():
@@ -38,15 +45,24 @@ def daemonset():
 def test_there_is_something_to_check():
     kinds = sorted(doc["kind"] for _, doc in manifests())
     assert kinds == [
+        "Certificate",
+        "Certificate",
         "ConfigMap",
         "DaemonSet",
         "Deployment",
+        "Deployment",
+        "Issuer",
+        "Issuer",
+        "MutatingWebhookConfiguration",
         "Namespace",
         "Namespace",
         "Pod",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "SecurityContextConstraints",
+        "Service",
+        "ServiceAccount",
         "ServiceAccount",
     ]
 
@@ -54,7 +70,7 @@ def test_there_is_something_to_check():
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_validates_strictly(version):
     for path, doc in manifests():
-        if doc["kind"] in OPENSHIFT_KINDS:
+        if doc["kind"] in OPENSHIFT_KINDS | CERT_MANAGER_KINDS:
             continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
@@ -162,7 +178,11 @@ def test_the_configmap_is_a_valid_seed_config():
 
 def test_examples_run_unprivileged_and_ask_for_the_resource():
     pod = documents("Pod")[0]["spec"]
-    deployment = documents("Deployment")[0]["spec"]["template"]["spec"]
+    (deployment,) = [
+        d["spec"]["template"]["spec"]
+        for p, d in manifests()
+        if p.parts[0] == "examples" and d["kind"] == "Deployment"
+    ]
     for spec in (pod, deployment):
         assert spec["securityContext"]["runAsNonRoot"] is True
         for container in spec["containers"]:
