@@ -19,7 +19,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import NX_GZIP, discover, is_virtual_block, matches_any, probe
+from powerdev.devices.discovery import (
+    NX_GZIP,
+    control_allowed,
+    discover,
+    is_virtual_block,
+    matches_any,
+    probe,
+)
+from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import HOST_DEV, Device
 
@@ -56,6 +64,9 @@ class Tracker:
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
+        # Set by the app: keeps devices the host uses out (None: no such screen).
+        self.guard: HostUseGuard | None = None
+        self.allow_host_used = False  # a resource may explicitly allow them
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
@@ -63,6 +74,9 @@ class Tracker:
     def rescan(self) -> bool:
         """Discover everything again; True if the published list changed."""
         found = discover(self.resource, self.dev_root, self.sys_root)
+        if self.guard is not None:
+            listed = self.inventory.by_path
+            found = self.guard.screen(found, listed, allow=self.allow_host_used)
         present = {d.path for d in found}
         for path in list(self._identity):
             if path not in present:
@@ -81,6 +95,9 @@ class Tracker:
             paths.update(p for p in event.paths if wanted(self.resource, p, event.subsystem))
             if event.number is not None:  # links we list to a node that changed
                 paths.update(self._by_number.get(event.number, ()))
+        paths.update(
+            recheck_paths(self.guard, self.inventory.by_path, (e.subsystem for e in events))
+        )
         if not paths:
             return False
         changes: dict[str, Device | None] = {}
@@ -96,7 +113,25 @@ class Tracker:
             if device is not None:
                 self._index(device, add=True)
             changes[path] = device
+        changes = self._screen(changes)
         return self.inventory.update(changes)
+
+    def _screen(self, probed: dict[str, Device | None]) -> dict[str, Device | None]:
+        """Control nodes not named literally, and devices the host uses, stay out."""
+        kept = {
+            path: device
+            if device is None or control_allowed(device, self.resource.include, self.sys_root)
+            else None
+            for path, device in probed.items()
+        }
+        if self.guard is not None:
+            listed = self.inventory.by_path
+            kept = self.guard.screen_changes(kept, listed, allow=self.allow_host_used)
+        for path, device in probed.items():
+            if device is not None and kept[path] is None:  # not listed after all
+                self._index(device, add=False)
+                self._identity.pop(path, None)
+        return kept
 
     def _judge(self, device: Device) -> Device:
         first = self._identity.setdefault(device.path, (device.major, device.minor))
