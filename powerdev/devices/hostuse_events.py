@@ -1,14 +1,16 @@
-"""Mounts and swap changes on the host, as device events, read by Trio.
+"""Mounts and swap changes on the host, as device events for Trio.
 
 Neither a mount nor swapon sends a uevent, but the kernel flags both on
 files that can be polled: a mountinfo file (proc(5): POLLPRI when its mount
 namespace changes) and /proc/swaps (POLLPRI on swapon and swapoff). Trio
-waits only for readability, so the files are put in an epoll set of our own,
-registered for EPOLLPRI; that epoll fd turns readable when one of them
-fires, and Trio waits on it: no thread, no timer. A wake-up is turned into a
-rescan only when the set of block devices mounted or swapped on changed, so
-the mounts of every starting pod (overlay, tmpfs, binds of the same disks)
-cost one small read and nothing more.
+waits only for readability, and these files are always readable, so one
+worker thread blocks in poll(2) for POLLPRI on them (plus a pipe that ends
+the wait on the way out): no timer, and an idle daemon uses no CPU. (An
+epoll set of our own, waited on by Trio, was tried first: nested epoll may
+drop a wake-up that arrives while the outer epoll looks at the inner one,
+and a test caught it.) A wake-up becomes a rescan only when the set of block
+devices mounted or swapped on changed, so the mounts of every starting pod
+(overlay, tmpfs, binds of the same disks) cost one small read and no more.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import logging
 import os
 import select
+import threading
 from pathlib import Path
 
 import trio
@@ -36,21 +39,20 @@ class HostUseEvents:
         self.dev_root = dev_root
         self.mountinfo = mountinfo
         self.swaps = swaps
-        self._epoll = select.epoll()
         self._fds: list[int] = []
         for path in (mountinfo, swaps):
             if path is None:
                 continue
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
             except OSError as err:
                 log.warning("not following %s (%s): changes there show on rescans only", path, err)
-                continue
-            self._fds.append(fd)
-            try:
-                self._epoll.register(fd, select.EPOLLPRI)
-            except OSError as err:  # a file that cannot be polled
-                log.warning("cannot wait for changes of %s (%s)", path, err)
+        self._stop_read, self._stop_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # The files are closed by whoever is last: __exit__, or a wait that
+        # was still blocked in its thread when the source was closed.
+        self._lock = threading.Lock()
+        self._waiting = False
+        self._closed = False
         self.used = self.in_use()
 
     def in_use(self) -> frozenset[Number]:
@@ -63,20 +65,50 @@ class HostUseEvents:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        trio.lowlevel.notify_closing(self._epoll.fileno())
-        self._epoll.close()
-        for fd in self._fds:
+        with self._lock:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.write(self._stop_write, b"x")  # ends a wait blocked in its thread
+            if not self._waiting:
+                self._close_files()
+
+    def _close_files(self) -> None:
+        for fd in [*self._fds, self._stop_read, self._stop_write]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
 
+    def _wait(self) -> bool:
+        """In a worker thread: block until a file flags a change (True) or
+        the source is closed (False)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._waiting = True
+        try:
+            poller = select.poll()
+            for fd in self._fds:
+                poller.register(fd, select.POLLPRI)
+            poller.register(self._stop_read, select.POLLIN)
+            while True:
+                ready = dict(poller.poll())
+                if self._stop_read in ready:
+                    return False
+                if any(ready.get(fd, 0) & (select.POLLPRI | select.POLLERR) for fd in self._fds):
+                    return True
+        finally:
+            with self._lock:
+                self._waiting = False
+                if self._closed:
+                    self._close_files()
+
     async def next_batch(self) -> list[DeviceEvent] | str:
         """RESCAN once the devices mounted or swapped on have changed."""
+        if not self._fds:
+            await trio.sleep_forever()
         while True:
-            await trio.lowlevel.wait_readable(self._epoll.fileno())
-            # Drain what is ready; looking at the epoll fd may already have
-            # taken the flag off the files, so compare what is in use instead.
-            self._epoll.poll(0)
+            if not await trio.to_thread.run_sync(self._wait, abandon_on_cancel=True):
+                await trio.sleep_forever()  # stopping: the source is closed
             now = self.in_use()
             if now != self.used:
                 self.used = now
