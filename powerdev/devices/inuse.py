@@ -1,6 +1,7 @@
 """Keep the host's own disks out: which block devices the host is using.
 
-A block device is in use by the host when a filesystem on it is mounted, when
+A block device is in use by the host when a filesystem on it is mounted
+(the host's mount table, or sysfs /sys/fs/<type>/<device>), when
 it is active swap, when another block device holds it (dm, md, LVM, bcache:
 sysfs `holders/` is not empty), or when one of its partitions is in use. The
 stacking rule covers everything beneath a device in use: a mounted dm-0 holds
@@ -75,6 +76,36 @@ def mounted(mountinfo: str, dev_root: Path) -> dict[Number, str]:
             source = node_number(dev_root, unescape(after[1]))
             if source is not None:
                 found.setdefault(source, where)
+    return found
+
+
+# Filesystems that list each mounted device in sysfs, by kernel name; the
+# other entries there are the driver's own. btrfs lists <uuid>/devices/<name>.
+_SYSFS_FS = {"ext4": {"features"}, "xfs": {"stats", "extra"}, "f2fs": {"features", "tuning"}}
+
+
+def sysfs_mounted(sys_root: Path) -> dict[Number, str]:
+    """Block devices under a mounted ext2/3/4, xfs, f2fs or btrfs filesystem,
+    from sysfs alone (/sys/fs/<type>/<device>). It sees every mount in every
+    namespace and needs neither the host's mount table nor any label but
+    sysfs's, so it still works where reading the host's mountinfo is denied."""
+    names: dict[str, str] = {}
+    fs_root = sys_root / "fs"
+    for fs_type, own in _SYSFS_FS.items():
+        for name in _entries(fs_root / fs_type):
+            if name not in own:
+                names.setdefault(name, f"a mounted {fs_type} filesystem")
+    for fs_id in _entries(fs_root / "btrfs"):
+        for name in _entries(fs_root / "btrfs" / fs_id / "devices"):
+            names.setdefault(name, "in a mounted btrfs filesystem")
+    found: dict[Number, str] = {}
+    for name, why in names.items():
+        try:
+            number = parse_number((sys_root / "class" / "block" / name / "dev").read_text())
+        except OSError:
+            continue
+        if number is not None:
+            found.setdefault(number, why)
     return found
 
 
@@ -160,8 +191,9 @@ class HostUseGuard:
     def direct_use(self) -> dict[Number, str]:
         """Devices mounted or swapped on right now."""
         found = mounted(read_text(self.mountinfo), self.dev_root)
-        for number, why in swapping(read_text(self.swaps), self.dev_root).items():
-            found.setdefault(number, why)
+        for more in (sysfs_mounted(self.sys_root), swapping(read_text(self.swaps), self.dev_root)):
+            for number, why in more.items():
+                found.setdefault(number, why)
         return found
 
     def reason(self, device: Device, direct: Mapping[Number, str]) -> str | None:

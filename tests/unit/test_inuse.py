@@ -10,7 +10,14 @@ import pytest
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.discovery import control_allowed, discover, is_control_node
-from powerdev.devices.inuse import HostUseGuard, mounted, swapping, unescape, use_reason
+from powerdev.devices.inuse import (
+    HostUseGuard,
+    mounted,
+    swapping,
+    sysfs_mounted,
+    unescape,
+    use_reason,
+)
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.devices.tracker import DeviceEvent, Tracker
@@ -234,3 +241,22 @@ def test_sources_and_swap_partitions_are_looked_up_under_the_dev_root(tmp_path):
     }
     # the btrfs line has an anonymous number; its source names the device
     assert mounted(MOUNTINFO, dev)[(8, 80)] == "mounted at /var/lib/my data"
+
+
+def test_mounted_filesystems_are_seen_in_sysfs_alone(tmp_path):
+    sys_root = tmp_path / "sys"
+    for name, number in {"sda1": "8:1", "dm-2": "253:2", "vdb": "252:16"}.items():
+        (sys_root / "class" / "block" / name).mkdir(parents=True)
+        (sys_root / "class" / "block" / name / "dev").write_text(number + "\n")
+    for entry in ("fs/ext4/features", "fs/ext4/sda1", "fs/xfs/stats", "fs/xfs/dm-2"):
+        (sys_root / entry).mkdir(parents=True)
+    (sys_root / "fs/btrfs/features").mkdir(parents=True)
+    (sys_root / "fs/btrfs/0b1c-uuid/devices").mkdir(parents=True)
+    (sys_root / "fs/btrfs/0b1c-uuid/devices/vdb").symlink_to(sys_root / "class/block/vdb")
+    assert sysfs_mounted(sys_root) == {
+        (8, 1): "a mounted ext4 filesystem",
+        (253, 2): "a mounted xfs filesystem",
+        (252, 16): "in a mounted btrfs filesystem",
+    }
+    guard = HostUseGuard(tmp_path / "dev", sys_root, None, None)
+    assert guard.screen([block("/dev/dm-2", 253, 2)], {}, allow=False) == []
