@@ -1,7 +1,8 @@
 """Keep the host's own disks out: which block devices the host is using.
 
 A block device is in use by the host when a filesystem on it is mounted
-(the host's mount table, or sysfs /sys/fs/<type>/<device>), when
+(the host's mount table, or, when it cannot be read, sysfs
+/sys/fs/<type>/<device>), when
 it is active swap, when another block device holds it (dm, md, LVM, bcache:
 sysfs `holders/` is not empty), or when one of its partitions is in use. The
 stacking rule covers everything beneath a device in use: a mounted dm-0 holds
@@ -190,10 +191,13 @@ class HostUseGuard:
 
     def direct_use(self) -> dict[Number, str]:
         """Devices mounted or swapped on right now."""
-        found = mounted(read_text(self.mountinfo), self.dev_root)
-        for more in (sysfs_mounted(self.sys_root), swapping(read_text(self.swaps), self.dev_root)):
-            for number, why in more.items():
-                found.setdefault(number, why)
+        table = read_text(self.mountinfo) if self.mountinfo is not None else None
+        # The mount table when we can read it; sysfs when not. (Not both: a
+        # filesystem's sysfs entry outlives its unmount by a moment, and no
+        # event would follow to take the device back.)
+        found = mounted(table, self.dev_root) if table else sysfs_mounted(self.sys_root)
+        for number, why in swapping(read_text(self.swaps), self.dev_root).items():
+            found.setdefault(number, why)
         return found
 
     def reason(self, device: Device, direct: Mapping[Number, str]) -> str | None:
