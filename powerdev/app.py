@@ -22,6 +22,8 @@ import trio
 from powerdev.config import Config
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP
+from powerdev.devices.hostuse_events import HostUseEvents
+from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
@@ -33,6 +35,7 @@ from powerdev.rpc import asyncio_door
 from powerdev.status import StatusFile
 
 log = logging.getLogger(__name__)
+SWAPS = Path("/proc/swaps")  # swap is not namespaced: a pod's file lists the host's
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,13 @@ class Settings:
     uevents: str = "auto"  # "auto", "udev", "kernel", or "off" (rescans only)
     status_file: Path | None = None  # for `powerdev health`
     config_path: Path | None = None  # watched and reloaded when set
+    # The host's mount table (the DaemonSet mounts /proc/1/mountinfo there);
+    # None: this process's own, which is the host's when not in a container.
+    host_mountinfo: Path | None = None
+
+    @property
+    def mountinfo(self) -> Path:
+        return self.host_mountinfo or Path("/proc/self/mountinfo")
 
 
 class EventSource(Protocol):
@@ -100,6 +110,10 @@ async def run(
     for resource in config.resources:
         inventory = Inventory()
         tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
+        tracker.guard = HostUseGuard(
+            settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS
+        )
+        tracker.allow_host_used = resource.allow_host_used
         plugins.append(Plugin(resource, inventory, tracker))
     with contextlib.ExitStack() as stack:
         dirs = None
@@ -108,7 +122,10 @@ async def run(
         else:
             dirs = stack.enter_context(DirEvents(settings.dev_root, _levels(plugins)))
             log.info("watching %s for device nodes and links", ", ".join(dirs.watched))
-            sources = [dirs, *_open_netlink(settings.uevents, stack)]
+            host_use = stack.enter_context(
+                HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
+            )
+            sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
         # The sources are live before the first scan: nothing falls between them.
         for plugin in plugins:
             await scan(plugin)

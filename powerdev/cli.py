@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     common(run)
+    run.add_argument(
+        "--host-mountinfo",
+        type=Path,
+        default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
+        help="the host's mount table, to keep devices the host uses out, e.g. "
+        "/host/proc/1/mountinfo [env POWERDEV_HOST_MOUNTINFO; default /proc/self/mountinfo]",
+    )
 
     run.add_argument(
         "--status-file",
@@ -198,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 uevents=args.uevents,
                 status_file=args.status_file,
                 config_path=args.config,
+                host_mountinfo=args.host_mountinfo,
             )
             trio.run(app.run_until_signalled, partial(app.run, settings, config))
         else:

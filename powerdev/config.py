@@ -26,6 +26,7 @@ KNOWN_FIELDS = (
     "discovery-strategy",
     "scan-interval",
     "upper-limit",
+    "allow-host-used-devices",
 )
 
 
@@ -50,6 +51,7 @@ class ResourceConfig:
     strategy: str = "default"
     scan_interval: float = DEFAULT_SCAN_INTERVAL
     upper_limit: int = 0  # 0: no limit, one unit per device
+    allow_host_used: bool = False  # also list devices the host mounts, swaps on or holds
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ def parse_config(
     res: dict[str, object] = {}
     if "nx-gzip" in data:
         res["nx_gzip"] = want("nx-gzip", bool, "true or false")
+    if "allow-host-used-devices" in data:
+        res["allow_host_used"] = want("allow-host-used-devices", bool, "true or false")
     if "permissions" in data:
         raw = want("permissions", str, 'a string such as "rw"')
         if raw.strip():

@@ -24,6 +24,37 @@ NX_GZIP = "/dev/crypto/nx-gzip"
 # Memory-backed block devices that are never SAN or local disks. Loop devices
 # are left out of block discovery too; include them with a pattern.
 _VIRTUAL_BLOCK_PREFIXES = ("ram", "loop", "zram")
+# Nodes whose ioctls create or remove devices on the host (loop devices, dm
+# maps, btrfs device scans, ublk and cuse devices, input and HID devices, NVMe
+# fabrics controllers, virtual Bluetooth controllers), by the kernel's name
+# for them (sysfs /sys/dev/char/M:m) and by their usual paths.
+CONTROL_NAMES = frozenset(
+    {
+        "loop-control",
+        "device-mapper",
+        "btrfs-control",
+        "ublk-control",
+        "cuse",
+        "uinput",
+        "uhid",
+        "nvme-fabrics",
+        "vhci",
+    }
+)
+CONTROL_PATHS = frozenset(
+    {
+        "/dev/loop-control",
+        "/dev/mapper/control",
+        "/dev/btrfs-control",
+        "/dev/ublk-control",
+        "/dev/cuse",
+        "/dev/uinput",
+        "/dev/input/uinput",
+        "/dev/uhid",
+        "/dev/nvme-fabrics",
+        "/dev/vhci",
+    }
+)
 
 
 def matches(pattern: str, host_path: str) -> bool:
@@ -102,6 +133,26 @@ def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
     return found
 
 
+def is_control_node(device: Device, sys_root: Path) -> bool:
+    """Does this node let its user create or remove host devices?"""
+    if device.path in CONTROL_PATHS:
+        return True
+    kind = "char" if device.kind == "c" else "block"
+    try:
+        target = os.readlink(sys_root / "dev" / kind / f"{device.major}:{device.minor}")
+    except OSError:
+        return False
+    return os.path.basename(target) in CONTROL_NAMES
+
+
+def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> bool:
+    """Control nodes are granted only when a pattern names them literally
+    (no wildcard): `/dev/loop*` never grants /dev/loop-control."""
+    if not is_control_node(device, sys_root):
+        return True
+    return any(p == device.path and not glob.has_magic(p) for p in include)
+
+
 def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[Device, ...]:
     """Every device the resource advertises now, sorted by host path."""
     if resource.include:
@@ -115,6 +166,6 @@ def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[
         if host_path in devices or matches_any(resource.exclude, host_path):
             continue
         device = probe(dev_root, host_path)
-        if device is not None:
+        if device is not None and control_allowed(device, resource.include, sys_root):
             devices[host_path] = device
     return tuple(sorted(devices.values(), key=lambda d: d.path))

@@ -21,7 +21,15 @@ from pathlib import Path
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import NX_GZIP, discover, is_virtual_block, matches_any, probe
+from powerdev.devices.discovery import (
+    NX_GZIP,
+    control_allowed,
+    discover,
+    is_virtual_block,
+    matches_any,
+    probe,
+)
+from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import HOST_DEV, Device
 
@@ -65,6 +73,9 @@ class Tracker:
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
         self._scans = 0  # rescans running now
         self._during_scan: set[str] = set()  # paths events named while a rescan ran
+        # Set by the app: keeps devices the host uses out (None: no such screen).
+        self.guard: HostUseGuard | None = None
+        self.allow_host_used = False  # a resource may explicitly allow them
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
@@ -72,14 +83,13 @@ class Tracker:
     async def rescan(self) -> bool:
         """Discover everything again; True if the published list changed.
 
-        The scan (thousands of stat calls) runs in a worker thread. Events
-        that arrive meanwhile are applied at once, and their paths probed
-        again after the scan is published, since the scan may predate them."""
+        The scan (thousands of stat calls, and the host-use screen's reads of
+        sysfs) runs in a worker thread. Events that arrive meanwhile are
+        applied at once, and their paths probed again after the scan is
+        published, since the scan may predate them."""
         self._scans += 1
         try:
-            found = await trio.to_thread.run_sync(
-                discover, self.resource, self.dev_root, self.sys_root
-            )
+            found = await trio.to_thread.run_sync(self._discover, dict(self.inventory.by_path))
         finally:
             self._scans -= 1
         changed = self._publish_scan(found)
@@ -87,6 +97,12 @@ class Tracker:
             again, self._during_scan = self._during_scan, set()
             changed |= self._probe(again)
         return changed
+
+    def _discover(self, listed: dict[str, Device]) -> tuple[Device, ...]:
+        found = discover(self.resource, self.dev_root, self.sys_root)
+        if self.guard is not None:
+            found = tuple(self.guard.screen(found, listed, allow=self.allow_host_used))
+        return found
 
     def _publish_scan(self, found: tuple[Device, ...]) -> bool:
         present = {d.path for d in found}
@@ -111,6 +127,9 @@ class Tracker:
             )
             if event.number is not None:  # links we list to a node that changed
                 paths.update(self._by_number.get(event.number, ()))
+        paths.update(
+            recheck_paths(self.guard, self.inventory.by_path, (e.subsystem for e in events))
+        )
         if not paths:
             return False
         if self._scans:
@@ -132,7 +151,25 @@ class Tracker:
             if device is not None:
                 self._index(device, add=True)
             changes[path] = device
+        changes = self._screen(changes)
         return self.inventory.update(changes)
+
+    def _screen(self, probed: dict[str, Device | None]) -> dict[str, Device | None]:
+        """Control nodes not named literally, and devices the host uses, stay out."""
+        kept = {
+            path: device
+            if device is None or control_allowed(device, self.resource.include, self.sys_root)
+            else None
+            for path, device in probed.items()
+        }
+        if self.guard is not None:
+            listed = self.inventory.by_path
+            kept = self.guard.screen_changes(kept, listed, allow=self.allow_host_used)
+        for path, device in probed.items():
+            if device is not None and kept[path] is None:  # not listed after all
+                self._index(device, add=False)
+                self._identity.pop(path, None)
+        return kept
 
     def _judge(self, device: Device) -> Device:
         first = self._identity.setdefault(device.path, (device.major, device.minor))

@@ -23,6 +23,7 @@ KUSTOMIZATIONS = [
     "deploy/webhook",
     "deploy/webhook/openshift",
     "examples",
+    "examples/openshift",
 ]
 
 
@@ -33,8 +34,10 @@ def manifests():
                 yield path.relative_to(ROOT), doc
 
 
-def documents(kind):
-    return [doc for _, doc in manifests() if doc["kind"] == kind]
+def documents(kind, under=""):
+    return [
+        doc for path, doc in manifests() if doc["kind"] == kind and str(path).startswith(under)
+    ]
 
 
 def daemonset():
@@ -47,6 +50,7 @@ def test_there_is_something_to_check():
     assert kinds == [
         "Certificate",
         "Certificate",
+        "ConfigMap",
         "ConfigMap",
         "DaemonSet",
         "Deployment",
@@ -97,6 +101,16 @@ def test_kustomizations_build(directory):
         (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
         image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
         assert image == "quay.io/powercloud/powerdev:0.1.0"
+        assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
+            "seLinuxOptions"
+        ] == {"type": "container_device_plugin_t"}
+    if directory == "examples/openshift":
+        for doc in docs:
+            if doc["kind"] in ("Pod", "Deployment"):
+                spec = doc["spec"].get("template", doc)["spec"]
+                ctx = spec["securityContext"]
+                assert "runAsUser" not in ctx and "runAsGroup" not in ctx  # restricted-v2 picks
+                assert ctx["runAsNonRoot"] is True and ctx["supplementalGroups"] == [6]
     if directory == "deploy/openshift":
         (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
         annotations = ds["spec"]["template"]["metadata"]["annotations"]
@@ -123,19 +137,45 @@ def test_daemonset_asks_for_no_privilege():
 def test_daemonset_mounts_only_what_it_needs():
     spec = daemonset()["spec"]["template"]["spec"]
     mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
-    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host == {
+    host = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert {name: v["path"] for name, v in host.items()} == {
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "host-dev": "/dev",
-        "host-sys": "/sys",
+        "host-mountinfo": "/proc/1/mountinfo",  # one file, not the host's /proc
     }
-    assert mounts["host-dev"]["readOnly"] is True and mounts["host-sys"]["readOnly"] is True
+    assert host["host-mountinfo"]["type"] == "File"
     assert not mounts["device-plugins"].get("readOnly", False)  # it makes its socket there
     assert mounts["config"]["mountPath"] == "/etc/power-device-plugin"
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env["POWERDEV_DEV_ROOT"] == mounts["host-dev"]["mountPath"]
-    assert env["POWERDEV_SYS_ROOT"] == mounts["host-sys"]["mountPath"]
+    assert env["POWERDEV_SYS_ROOT"] == "/sys"  # the container's own read-only sysfs
+    assert env["POWERDEV_HOST_MOUNTINFO"] == mounts["host-mountinfo"]["mountPath"]
     assert env["POWERDEV_UEVENTS"] == "kernel"
+
+
+def test_host_mounts_are_read_only_all_the_way_down():
+    """Every host path but the kubelet's socket directory is mounted read-only
+    with recursiveReadOnly: Enabled (submounts such as /dev/shm and /dev/pts
+    stay writable under a plain readOnly mount), and nothing propagates."""
+    spec = daemonset()["spec"]["template"]["spec"]
+    host = {v["name"] for v in spec["volumes"] if "hostPath" in v}
+    for mount in spec["containers"][0]["volumeMounts"]:
+        assert mount.get("mountPropagation", "None") == "None", mount["name"]
+        if mount["name"] in host and mount["name"] != "device-plugins":
+            assert mount["readOnly"] is True, mount["name"]
+            assert mount["recursiveReadOnly"] == "Enabled", mount["name"]
+
+
+def test_selinux_type_is_the_device_plugin_type_and_the_scc_allows_exactly_it():
+    (container,) = daemonset()["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["seLinuxOptions"] == {"type": "container_device_plugin_t"}
+    (scc,) = documents("SecurityContextConstraints")
+    assert scc["seLinuxContext"] == {
+        "type": "MustRunAs",
+        "seLinuxOptions": {"type": "container_device_plugin_t"},
+    }
+    assert scc["volumes"] == ["configMap", "emptyDir", "hostPath"]
+    assert scc["allowPrivilegedContainer"] is False and scc["allowedCapabilities"] == []
 
 
 def test_daemonset_scheduling_updates_and_probes():
@@ -170,10 +210,61 @@ def test_no_rbac_outside_the_openshift_overlay():
 def test_the_configmap_is_a_valid_seed_config():
     from powerdev.config import parse_config
 
-    (cm,) = documents("ConfigMap")
+    (cm,) = [c for c in documents("ConfigMap") if c["metadata"]["name"] == "power-device-config"]
     config = parse_config(cm["data"]["config.json"], source="deploy configmap")
     assert config.warnings == ()
     assert config.resources[0].include == ("/dev/dm-*", "/dev/mapper/*")
+
+
+def test_the_image_is_set_once_for_every_overlay():
+    """Only deploy/base sets the image; an overlay that sets its own (or
+    builds on something else) would silently ignore what the admin set."""
+    setters = [
+        path.relative_to(ROOT)
+        for path in ROOT.glob("deploy/**/kustomization.yaml")
+        if "images" in (yaml.safe_load(path.read_text()) or {})
+    ]
+    assert setters == [Path("deploy/base/kustomization.yaml")]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
+def test_an_image_set_in_the_base_reaches_every_overlay(tmp_path):
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    base = tmp_path / "deploy" / "base" / "kustomization.yaml"
+    doc = yaml.safe_load(base.read_text())
+    doc["images"] = [{"name": "powerdev", "newName": "registry.example/powerdev", "newTag": "9"}]
+    base.write_text(yaml.safe_dump(doc))
+    overlays = ("deploy", "deploy/openshift", "deploy/webhook", "deploy/webhook/openshift")
+    for overlay in overlays:
+        done = subprocess.run(
+            ["kubectl", "kustomize", str(tmp_path / overlay)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        workloads = [
+            d for d in yaml.safe_load_all(done.stdout) if d["kind"] in ("DaemonSet", "Deployment")
+        ]
+        assert len(workloads) == (2 if "webhook" in overlay else 1)
+        for workload in workloads:
+            assert workload["spec"]["template"]["spec"]["containers"][0]["image"] == (
+                "registry.example/powerdev:9"
+            ), (overlay, workload["kind"])
+
+
+def test_examples_do_real_io_as_non_root():
+    (script,) = [cm for cm in documents("ConfigMap") if cm["metadata"]["name"] == "power-dev-check"]
+    text = script["data"]["check.sh"]
+    assert "dd if=" in text and "bs=4096 count=1" in text  # reads each block device
+    assert "3<>/dev/crypto/nx-gzip" in text  # opens nx-gzip read-write
+    (pod,) = [d["spec"] for d in documents("Pod", "examples/")]
+    (deployment,) = [d["spec"]["template"]["spec"] for d in documents("Deployment", "examples/")]
+    for spec in (pod, deployment):
+        assert spec["securityContext"]["runAsUser"] != 0
+        assert spec["securityContext"]["supplementalGroups"] == [6]
+        (container,) = spec["containers"]
+        assert container["command"] == ["sh", "/opt/power-dev-check/check.sh"]
 
 
 def test_examples_run_unprivileged_and_ask_for_the_resource():

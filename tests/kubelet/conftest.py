@@ -15,6 +15,7 @@ import trio
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
 from powerdev.kubelet.devicemanager import DeviceManager, find_dmharness
 from powerdev.testing import run_command
+from tests.conftest import wait_for_file
 
 DMHARNESS = find_dmharness()
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
@@ -53,6 +54,11 @@ class Node:
         reply = await self.dm.call("wait", capacity, allocatable, timeout_ms)
         assert reply["ok"], f"the kubelet shows {reply}, not {capacity}/{allocatable}"
         return reply
+
+    async def wait_for_log(self, text: str) -> str:
+        """The daemon's log, once it has a line with `text` (woken by inotify)."""
+        assert self.daemon_log is not None
+        return await wait_for_file(self.daemon_log, lambda log: text in log)
 
     async def terminate(self) -> int:
         assert self.daemon is not None

@@ -158,19 +158,71 @@ async def test_real_hotplug_changes_allocatable_both_ways(tmp_path, dmharness):
 
 
 async def test_a_node_removed_without_a_kernel_event_is_never_granted(tmp_path, dmharness):
+    dev = tmp_path / "dev"
+    make_nodes(dev, ["d0", "d1", "d2", "d3"])  # in /dev itself, as dm-* and sd* are
+    config = write_config(tmp_path / "config.json", **{"include-devices": ["/dev/d*"]})
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            os.unlink(dev / "d3")  # `rm` in a host /dev: no uevent
+            # At once, before the kubelet has even heard of it: not granted.
+            reply = await n.dm.call("rawalloc", n.socket.name, "d0")
+            assert (reply["grpc_code"], reply["devices"]) == ("OK", 3)
+            gone = await n.dm.call("rawalloc", n.socket.name, "d3")
+            assert gone["grpc_code"] == "InvalidArgument" and "d3" in gone["grpc_message"]
+            await n.wait(3, 3)
+            admitted = await n.dm.call("admit", "p1", 1)
+            assert [h for h, _, _ in specs(admitted)] == ["/dev/d0", "/dev/d1", "/dev/d2"]
+
+
+async def test_upper_limit_changes_never_let_more_pods_in_than_the_limit(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 2, **{"upper-limit": 3})
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(3, 3)
+            for pod in ("a", "b", "c"):
+                assert (await n.dm.call("admit", pod, 1))["admitted"]
+            held = (await n.dm.call("devices", "a"))["device_ids"]
+            # Switching to one unit per device (and lowering the limit) would
+            # hand out IDs that the holders' checkpointed ones do not count
+            # against: not applied while running, and said so.
+            for limit in (0, 2):
+                write_config(config, **{"include-devices": ["/dev/pool/*"], "upper-limit": limit})
+                n.daemon.send_signal(signal.SIGHUP)
+                await n.wait_for_log(f"'upper-limit' 3 -> {limit} is not applied")
+                assert (await n.dm.call("cap"))["capacity"] == 3
+                assert not (await n.dm.call("admit", "d", 1))["admitted"]
+            # Raising it keeps every held ID and is applied at once.
+            write_config(config, **{"include-devices": ["/dev/pool/*"], "upper-limit": 5})
+            n.daemon.send_signal(signal.SIGHUP)
+            await n.wait(5, 5)
+            assert (await n.dm.call("admit", "d", 1))["admitted"]
+            assert (await n.dm.call("admit", "e", 1))["admitted"]
+            assert not (await n.dm.call("admit", "f", 1))["admitted"]  # 5 holders
+            assert (await n.dm.call("devices", "a"))["device_ids"] == held
+            assert (await n.dm.call("runopts", "a"))["runopts"]["devices"]
+            await n.dm.call("delpod", "a")
+            assert (await n.dm.call("admit", "f", 1))["admitted"]
+
+
+async def test_kubelet_restarts_are_routine_in_the_log(tmp_path, dmharness):
     dev, config = pool(tmp_path)
     with trio.fail_after(LIMIT):
         async with node(tmp_path, dmharness, config, dev) as n:
             await n.wait(4, 4)
-            os.unlink(dev / "pool" / "d3")  # `rm` in a host /dev: no uevent
-            # At once, before the kubelet has even heard of it: not granted.
-            reply = await n.dm.call("rawalloc", n.socket.name, "pool.d0")
-            assert (reply["grpc_code"], reply["devices"]) == ("OK", 3)
-            gone = await n.dm.call("rawalloc", n.socket.name, "pool.d3")
-            assert gone["grpc_code"] == "InvalidArgument" and "pool.d3" in gone["grpc_message"]
-            await n.wait(3, 3)
-            admitted = await n.dm.call("admit", "p1", 1)
-            assert [h for h, _, _ in specs(admitted)] == [f"/dev/pool/d{i}" for i in range(3)]
+            for down_ms in (0, 100, 300):
+                reply = await n.dm.call("restart", 4, 10000, down_ms)
+                assert reply["registered"] and reply["capacity_back"], reply
+            await n.dm.kill()  # and one that dies: its socket stays, refusing
+            async with n.dm.running(n.binary, tmp_path / "kubelet-2.log") as again:
+                await again.call("start", n.plugin_dir)
+                assert (await again.call("wait", 4, 4, 10000))["ok"]
+            assert await n.terminate() == 0
+            noisy = [x for x in n.log_lines() if " WARNING " in x or " ERROR " in x]
+            assert noisy == []
+            said = "\n".join(n.log_lines())
+            assert "the kubelet ended our ListAndWatch stream" in said
+            assert len(n.log_lines("registered with the kubelet")) == 5
 
 
 async def test_directories_that_appear_later_or_are_made_again_are_watched(tmp_path, dmharness):

@@ -1,0 +1,190 @@
+"""The host-disk guard against the real kernel (root): loop devices with a
+mounted ext4 filesystem and with active swap are never advertised; once
+unmounted and swapped off they come back; a listed device that gets mounted
+turns Unhealthy, and the mount table's poll flag is what wakes the daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev import app
+from powerdev.config import ResourceConfig
+from powerdev.devices.hostuse_events import HostUseEvents
+from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.tracker import Tracker
+from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, loop_control
+from tests.conftest import config_for, daemon_and_kubelet, needs_root
+
+TOOLS = ("mkfs.ext4", "mkswap", "swapon", "swapoff", "mount", "umount")
+MISSING = [tool for tool in TOOLS if shutil.which(tool) is None]
+pytestmark = [
+    needs_root,
+    pytest.mark.skipif(not os.path.exists("/dev/loop-control"), reason="no /dev/loop-control"),
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"{', '.join(MISSING)} missing: apt-get install e2fsprogs util-linux mount",
+    ),
+]
+LOOP_SET_FD = 0x4C00
+LOOP_CLR_FD = 0x4C01
+MOUNTINFO = Path("/proc/self/mountinfo")
+SWAPS = Path("/proc/swaps")
+DEV, SYS = Path("/dev"), Path("/sys")
+LIMIT = 20
+
+
+def run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+
+
+def image(path: Path, kind: str) -> Path:
+    with path.open("wb") as f:
+        f.truncate(16 * 1024 * 1024)
+    path.chmod(0o600)  # swapon wants it private
+    if kind == "ext4":
+        run("mkfs.ext4", "-q", "-F", str(path))
+    elif kind == "swap":
+        run("mkswap", str(path))
+    return path
+
+
+@contextlib.contextmanager
+def attached(loops: LoopControl, index: int, backing: Path) -> Iterator[str]:
+    """A loop device made through /dev/loop-control and bound to a file."""
+    node = f"/dev/{loops.add(index)}"
+    fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
+        finally:
+            os.close(file_fd)
+        try:
+            yield node
+        finally:
+            fcntl.ioctl(fd, LOOP_CLR_FD, 0)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def mounted_at(node: str, where: Path) -> Iterator[None]:
+    where.mkdir(exist_ok=True)
+    run("mount", "-t", "ext4", node, str(where))
+    try:
+        yield
+    finally:
+        run("umount", str(where))
+
+
+@contextlib.contextmanager
+def swap_on(node: str) -> Iterator[None]:
+    run("swapon", node)
+    try:
+        yield
+    finally:
+        run("swapoff", node)
+
+
+@contextlib.contextmanager
+def three_loops(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """loop300: ext4, loop301: swap, loop302: ext4 too, all unmounted."""
+    with (
+        loop_control() as loops,
+        attached(loops, FIRST_LOOP, image(tmp_path / "fs.img", "ext4")) as fs,
+        attached(loops, FIRST_LOOP + 1, image(tmp_path / "swap.img", "swap")) as swap,
+        attached(loops, FIRST_LOOP + 2, image(tmp_path / "free.img", "ext4")) as free,
+    ):
+        yield fs, swap, free
+
+
+def guarded_tracker() -> Tracker:
+    tracker = Tracker(ResourceConfig(include=(LOOP_PATTERN,)), Inventory(), DEV, SYS)
+    tracker.guard = HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS)
+    return tracker
+
+
+def listed(tracker: Tracker) -> dict[str, bool]:
+    return {d.path: d.healthy for d in tracker.inventory.current.devices}
+
+
+def test_mounted_and_swap_devices_are_left_out_and_come_back(tmp_path):
+    with three_loops(tmp_path) as (fs, swap, free):
+        where = tmp_path / "mnt"
+        with mounted_at(fs, where), swap_on(swap):
+            tracker = guarded_tracker()
+            tracker.rescan()
+            assert listed(tracker) == {free: True}
+            assert tracker.guard.left_out == {fs: f"mounted at {where}", swap: "active swap"}
+        tracker.rescan()
+        assert listed(tracker) == {fs: True, swap: True, free: True}
+        assert tracker.guard.left_out == {}
+        with mounted_at(free, where):
+            tracker.rescan()
+            assert listed(tracker) == {fs: True, swap: True, free: False}
+        tracker.rescan()
+        assert listed(tracker) == {fs: True, swap: True, free: True}
+
+
+def test_allowed_resources_list_devices_in_use(tmp_path):
+    with three_loops(tmp_path) as (fs, swap, free):
+        with mounted_at(fs, tmp_path / "mnt"), swap_on(swap):
+            tracker = guarded_tracker()
+            tracker.allow_host_used = True
+            tracker.rescan()
+            assert listed(tracker) == {fs: True, swap: True, free: True}
+
+
+async def test_the_daemon_follows_mounts_and_swap_without_polling(tmp_path, monkeypatch):
+    """The wiring proposed for app.py: each Tracker gets a guard, and the
+    mount/swap event source is one of the daemon's event sources."""
+
+    class GuardedTracker(Tracker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.guard = HostUseGuard(self.dev_root, self.sys_root, MOUNTINFO, SWAPS)
+
+    monkeypatch.setattr(app, "Tracker", GuardedTracker)
+    config = config_for(f'{{"include-devices": ["{LOOP_PATTERN}"]}}')
+    where = tmp_path / "mnt"
+    with three_loops(tmp_path) as (fs, swap, free), trio.fail_after(LIMIT):
+        ids = {path: path.removeprefix("/dev/") for path in (fs, swap, free)}
+        with (
+            HostUseEvents(DEV, MOUNTINFO, SWAPS) as events,
+            contextlib.ExitStack() as stack,
+        ):
+            stack.enter_context(mounted_at(fs, where))
+            stack.enter_context(swap_on(swap))
+            async with daemon_and_kubelet(
+                tmp_path, config, dev_root=DEV, sys_root=SYS, events=events
+            ) as h:
+
+                def devices():
+                    return dict(h.state().devices)
+
+                assert devices() == {ids[free]: "Healthy"}  # never advertised
+                await trio.to_thread.run_sync(stack.close)  # umount, swapoff
+                await h.kubelet.wait_until(lambda k: len(devices()) == 3)
+                assert set(devices().values()) == {"Healthy"}
+                await trio.to_thread.run_sync(run, "mount", "-t", "ext4", free, str(where))
+                try:
+                    await h.kubelet.wait_until(lambda k: devices()[ids[free]] == "Unhealthy")
+                finally:
+                    await trio.to_thread.run_sync(run, "umount", str(where))
+                await h.kubelet.wait_until(lambda k: devices()[ids[free]] == "Healthy")
+                await trio.to_thread.run_sync(run, "swapon", swap)
+                try:
+                    await h.kubelet.wait_until(lambda k: devices()[ids[swap]] == "Unhealthy")
+                finally:
+                    await trio.to_thread.run_sync(run, "swapoff", swap)
+                await h.kubelet.wait_until(lambda k: devices()[ids[swap]] == "Healthy")
