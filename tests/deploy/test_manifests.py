@@ -35,9 +35,7 @@ def manifests():
 
 
 def documents(kind, under=""):
-    return [
-        doc for path, doc in manifests() if doc["kind"] == kind and str(path).startswith(under)
-    ]
+    return [doc for path, doc in manifests() if doc["kind"] == kind and str(path).startswith(under)]
 
 
 def daemonset():
