@@ -118,30 +118,30 @@ def listed(tracker: Tracker) -> dict[str, bool]:
     return {d.path: d.healthy for d in tracker.inventory.current.devices}
 
 
-def test_mounted_and_swap_devices_are_left_out_and_come_back(tmp_path):
+async def test_mounted_and_swap_devices_are_left_out_and_come_back(tmp_path):
     with three_loops(tmp_path) as (fs, swap, free):
         where = tmp_path / "mnt"
         with mounted_at(fs, where), swap_on(swap):
             tracker = guarded_tracker()
-            tracker.rescan()
+            await tracker.rescan()
             assert listed(tracker) == {free: True}
             assert tracker.guard.left_out == {fs: f"mounted at {where}", swap: "active swap"}
-        tracker.rescan()
+        await tracker.rescan()
         assert listed(tracker) == {fs: True, swap: True, free: True}
         assert tracker.guard.left_out == {}
         with mounted_at(free, where):
-            tracker.rescan()
+            await tracker.rescan()
             assert listed(tracker) == {fs: True, swap: True, free: False}
-        tracker.rescan()
+        await tracker.rescan()
         assert listed(tracker) == {fs: True, swap: True, free: True}
 
 
-def test_allowed_resources_list_devices_in_use(tmp_path):
+async def test_allowed_resources_list_devices_in_use(tmp_path):
     with three_loops(tmp_path) as (fs, swap, free):
         with mounted_at(fs, tmp_path / "mnt"), swap_on(swap):
             tracker = guarded_tracker()
             tracker.allow_host_used = True
-            tracker.rescan()
+            await tracker.rescan()
             assert listed(tracker) == {fs: True, swap: True, free: True}
 
 

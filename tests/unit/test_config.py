@@ -145,7 +145,7 @@ def test_unknown_fields_warn_and_do_not_fail():
     assert config.warnings == (
         "c.json: field 'permisions' is not known and is ignored; known fields: nx-gzip, "
         "permissions, include-devices, exclude-devices, discovery-strategy, scan-interval, "
-        "upper-limit",
+        "upper-limit, allow-host-used-devices",
     )
 
 

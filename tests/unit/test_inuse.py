@@ -214,10 +214,10 @@ def test_control_nodes_are_known_by_their_kernel_name_too(tmp_path):
     assert not is_control_node(Device("odd", "/dev/odd", "b", 1, 3), sys_root)
 
 
-def test_events_never_list_a_control_node(tmp_path):
+async def test_events_never_list_a_control_node(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["loop0"])
     t = Tracker(ResourceConfig(include=("/dev/loop*",)), Inventory(), dev, tmp_path / "sys")
-    t.rescan()
+    await t.rescan()
     (dev / "loop-control").symlink_to("/dev/null")
     (dev / "loop1").symlink_to("/dev/null")
     events = [
