@@ -21,7 +21,7 @@ import trio
 
 from powerdev.config import Config
 from powerdev.devices.dirwatch import DirEvents, watch_levels
-from powerdev.devices.discovery import NX_GZIP
+from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
@@ -63,6 +63,12 @@ class EventSource(Protocol):
 
 def _log_devices(plugin: Plugin) -> None:
     devices = plugin.inventory.current.devices
+    if not devices:
+        assert plugin.tracker is not None
+        tracker = plugin.tracker
+        why = why_nothing(plugin.resource, tracker.dev_root, tracker.sys_root)
+        log.warning("%s: advertises no device: %s", plugin.resource.name, why)
+        return
     unhealthy = [d.path for d in devices if not d.healthy]
     log.info(
         "%s: %d devices: %s%s",
@@ -126,9 +132,20 @@ async def run(
                 HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
             )
             sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
+        for pattern, where in missing_directories(
+            (p for x in plugins for p in x.resource.include), settings.dev_root
+        ):
+            log.warning(
+                "include-devices pattern %r can match nothing yet: %s does not exist "
+                "(it is watched, and its devices are found if it appears)",
+                pattern,
+                where,
+            )
         # The sources are live before the first scan: nothing falls between them.
         for plugin in plugins:
             await scan(plugin)
+            if not plugin.inventory.current.devices:
+                _log_devices(plugin)
         async with asyncio_door(), trio.open_nursery() as nursery:
             applied = trio.Event()
 
@@ -152,7 +169,9 @@ async def run(
             for plugin in plugins:
                 nursery.start_soon(_rescan_every, plugin, lambda: applied)
             if settings.config_path is not None:
-                reloader = Reloader(settings.config_path, plugins, scan, on_applied)
+                reloader = Reloader(
+                    settings.config_path, plugins, scan, on_applied, loaded=config.raw
+                )
                 await nursery.start(reloader.run)
             for plugin in plugins:
                 await nursery.start(serve_resource, settings.plugin_dir, plugin, status)

@@ -3,9 +3,14 @@ real sockets, measured the way an admin judges a per-node daemon.
 
 It reports, at each device count: time from process start to the kubelet's
 first full list; Allocate latency (each grant carries every device); idle
-CPU over a window and RSS. Once: kubelet restart to re-registration, and (as
-root) uevent to ListAndWatch message for real loop devices. It asserts
-nothing; `--json` writes the figures.
+CPU over a window; RSS; and the longest time one Trio task step held the
+daemon's thread. Once: kubelet restart to re-registration, and (as root)
+uevent to ListAndWatch message for real loop devices.
+
+Where the kubelet's real device manager (dmharness) is on the machine, also
+at each device count: the first pod admission right after start, steady
+admissions, and kubelet restart to capacity back, as the kubelet times them.
+It asserts nothing; `--json` writes the figures.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from pathlib import Path
 
 import trio
 
+from powerdev import stepwatch
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.devices.uevents import NetlinkEvents
+from powerdev.kubelet.devicemanager import DeviceManager, find_dmharness
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.testing import (
@@ -57,9 +64,19 @@ class Plan:
     restarts: int = 50
     uevents: int = 50
     idle_seconds: float = 10.0
+    admissions: int = 50  # against the real device manager
+    kubelet_restarts: int = 10
 
 
-QUICK = Plan(sizes=(100,), allocations=20, restarts=5, uevents=4, idle_seconds=1.0)
+QUICK = Plan(
+    sizes=(100,),
+    allocations=20,
+    restarts=5,
+    uevents=4,
+    idle_seconds=1.0,
+    admissions=5,
+    kubelet_restarts=2,
+)
 
 
 @dataclass
@@ -97,9 +114,11 @@ def rss_mib(pid: int) -> float:
 
 
 class Daemon:
-    """`powerdev run` as a child process, in a temp plugin dir."""
+    """`powerdev run` as a child process, in a temp plugin dir, reporting
+    its longest Trio step when it exits."""
 
     def __init__(self, plugin_dir: Path, config: Path, dev_root: Path, uevents: str) -> None:
+        self.steps = plugin_dir.parent / "steps.json"
         self.args = run_command(
             plugin_dir,
             config,
@@ -108,13 +127,17 @@ class Daemon:
             uevents,
             "--status-file",
             str(plugin_dir.parent / "status"),
-            "--log-level",
-            "warning",
         )
+        self.log = plugin_dir.parent / "powerdev.log"
         self.proc: trio.Process | None = None
 
     async def start(self) -> None:
-        self.proc = await trio.lowlevel.open_process(self.args)
+        env = {**os.environ, stepwatch.REPORT_ENV: str(self.steps)}
+        with self.log.open("a") as log:
+            self.proc = await trio.lowlevel.open_process(self.args, env=env, stderr=log)
+
+    def log_tail(self, lines: int = 15) -> str:
+        return "\n".join(self.log.read_text().splitlines()[-lines:])
 
     @property
     def pid(self) -> int:
@@ -129,6 +152,23 @@ class Daemon:
             return
         self.proc.kill()
         await self.proc.wait()
+
+    def longest_step(self) -> dict[str, object] | None:
+        """After stop(): the longest Trio steps the daemon saw."""
+        return stepwatch.read(self.steps)
+
+
+def add_longest_step(
+    results: Results, n: int, daemon: Daemon, say: Callable[[str], None], run: str
+) -> None:
+    report = daemon.longest_step()
+    if report is None:
+        say(f"  {n} devices: no step report from the daemon")
+        return
+    steps = report["steps"]
+    task = steps[0]["task"] if steps else "-"  # type: ignore[index]
+    results.add(f"longest Trio step ({run})", n, ms=report["longest_ms"], task=task, steps=steps)
+    say(f"  {n} devices: longest Trio step in the {run} {report['longest_ms']} ms ({task})")
 
 
 async def measure_size(
@@ -207,7 +247,61 @@ async def measure_size(
                     )
             finally:
                 await daemon.stop()
+            add_longest_step(results, n, daemon, say, "fake kubelet run")
             nursery.cancel_scope.cancel()
+
+
+async def measure_real_kubelet(
+    binary: Path, n: int, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """Against the kubelet's own device manager: admissions and restarts,
+    timed by the kubelet itself (admit_ms, capacity_back_ms)."""
+    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
+        root = Path(tmp)
+        make_nodes(root / "dev", [f"bench{i}" for i in range(n)])
+        config = root / "config.json"
+        config.write_text(json.dumps({"include-devices": ["/dev/bench*"]}))
+        plugin_dir = root / "device-plugins"
+        plugin_dir.mkdir()
+        async with DeviceManager.running(binary, root / "kubelet.log") as dm:
+            await dm.call("start", plugin_dir)
+            daemon = Daemon(plugin_dir, config, root / "dev", "off")
+            began = time.perf_counter()
+            await daemon.start()
+            try:
+                reply = await dm.call("wait", n, n, int(WAIT_LIMIT * 1000))
+                if not reply["ok"]:
+                    raise RuntimeError(f"bench: the kubelet never saw {n} devices: {reply}")
+                capacity = time.perf_counter() - began
+                first = await dm.call("admit", "first", 1)
+                if not first["admitted"]:
+                    raise RuntimeError(f"bench: the first pod was refused: {first}")
+                results.add("real kubelet: start to capacity", n, ms=round(capacity * 1000, 1))
+                results.add("real kubelet: first admission after start", n, ms=first["admit_ms"])
+                steady = []
+                for i in range(plan.admissions):
+                    await dm.call("delpod", "first" if i == 0 else f"pod{i - 1}")
+                    reply = await dm.call("admit", f"pod{i}", 1)
+                    steady.append(reply["admit_ms"] / 1000)
+                results.add("real kubelet: steady admission", n, **spread(steady))
+                back = []
+                for _ in range(plan.kubelet_restarts):
+                    reply = await dm.call("restart", n, int(WAIT_LIMIT * 1000))
+                    if not reply["capacity_back"]:
+                        raise RuntimeError(
+                            f"bench: capacity did not come back: {reply}; powerdev's log ends:\n"
+                            + daemon.log_tail()
+                        )
+                    back.append(reply["capacity_back_ms"] / 1000)
+                results.add("real kubelet: restart to capacity back", n, **spread(back))
+                say(
+                    f"  {n} devices, real kubelet: capacity after {capacity * 1000:.0f} ms; "
+                    f"first admission {first['admit_ms']} ms; steady {spread(steady)}; "
+                    f"restart to capacity back {spread(back)}"
+                )
+            finally:
+                await daemon.stop()
+            add_longest_step(results, n, daemon, say, "real kubelet run")
 
 
 async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], None]) -> None:
@@ -289,6 +383,8 @@ def table(results: Results) -> str:
             )
         elif "mib" in figures:
             text = f"{figures['mib']} MiB"
+        elif "task" in figures:
+            text = f"{figures['ms']} ms ({figures['task']})"
         else:
             text = f"{figures['ms']} ms"
         lines.append(f"| {row['measure']} | {row['devices'] or '-'} | {text} |")
@@ -313,6 +409,12 @@ async def run_bench(
             await measure_size(n, plan, results, say, restarts=i == 0)
         say("measuring uevents with real loop devices")
         await measure_uevents(plan, results, say)
+        binary = find_dmharness()
+        if binary is None:
+            say("  real kubelet: skipped (no dmharness; set $POWERDEV_DMHARNESS)")
+        for n in plan.sizes if binary is not None else ():
+            say(f"measuring against the kubelet's device manager with {n} device nodes")
+            await measure_real_kubelet(binary, n, plan, results, say)
     say("")
     say(f"machine: {results.machine}")
     say(table(results))

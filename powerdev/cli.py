@@ -9,8 +9,6 @@ import sys
 from functools import partial
 from pathlib import Path
 
-import trio
-
 from powerdev import __version__
 from powerdev.config import (
     DEFAULT_CONFIG_PATH,
@@ -24,10 +22,26 @@ from powerdev.status import DEFAULT_STATUS_FILE
 from powerdev.webhook import cli as webhook_cli
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+UEVENT_SOURCES = ("auto", "udev", "kernel", "off")
+UNIX_PATH_MAX = 107  # bytes in a unix socket path (sun_path holds 108, with the NUL)
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"POWERDEV_{name}", default)
+
+
+def one_of(values: tuple[str, ...]):
+    """An argparse type: one of `values`, in any case. argparse converts string
+    defaults (our environment variables) with it too, so a bad variable gets
+    the same one-line error and exit code 2 as a bad flag."""
+
+    def convert(text: str) -> str:
+        if text.lower() not in values:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(values)}")
+        return text.lower()
+
+    convert.__name__ = "value"
+    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--log-level",
-            choices=LOG_LEVELS,
+            type=one_of(LOG_LEVELS),
+            metavar="{" + ",".join(LOG_LEVELS) + "}",
             default=_env("LOG_LEVEL", "info"),
             help="log verbosity [env POWERDEV_LOG_LEVEL; default info]",
         )
@@ -65,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--uevents",
-            choices=("auto", "udev", "kernel", "off"),
+            type=one_of(UEVENT_SOURCES),
+            metavar="{" + ",".join(UEVENT_SOURCES) + "}",
             default=_env("UEVENTS", "auto"),
             help="device events to follow: udev (links made; needs /run/udev), kernel, "
             "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
@@ -121,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
     )
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    bench.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    bench.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
 
     health = sub.add_parser(
         "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
@@ -143,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="seconds to wait for the plugin's socket to answer [default 3]",
     )
-    health.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    health.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
 
     local = sub.add_parser(
         "local",
@@ -158,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "health":  # a probe: the status file and one connect, nothing more
+        from powerdev import health
+
+        return health.main(args.status_file, ready=args.ready, timeout=args.timeout)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -169,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in webhook_cli.COMMANDS:
         return webhook_cli.main(args)
     os.umask(0o077)  # our sockets are for the kubelet (root) only
-    from powerdev import app, health, local  # after logging is set up
+    import trio
+
+    from powerdev import app, local, stepwatch  # after logging is set up
 
     if args.command == "bench":
         from powerdev import bench as bench_module
@@ -181,23 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         trio.run(partial(bench_module.run_bench, plan, args.json))
         return 0
-
-    if args.command == "health":
-        ok = trio.run(
-            partial(
-                health.check,
-                args.status_file,
-                ready=args.ready,
-                answer_seconds=args.timeout,
-                say=print,
-            )
-        )
-        return 0 if ok else 1
     try:
         if args.command == "run":
             config = load_config(
                 args.config, resource_name=args.resource_name, socket_name=args.socket_name
             )
+            _check_socket_paths(args.plugin_dir, args.socket_name)
             settings = app.Settings(
                 plugin_dir=args.plugin_dir,
                 dev_root=args.dev_root,
@@ -207,8 +219,25 @@ def main(argv: list[str] | None = None) -> int:
                 config_path=args.config,
                 host_mountinfo=args.host_mountinfo,
             )
-            trio.run(app.run_until_signalled, partial(app.run, settings, config))
+            steps = stepwatch.from_environment()
+            try:
+                trio.run(
+                    app.run_until_signalled,
+                    partial(app.run, settings, config),
+                    instruments=[steps[0]] if steps else [],
+                )
+            finally:
+                if steps:
+                    stepwatch.write(*steps)
         else:
+            if args.config is not None:  # named by the user: it must exist and be good
+                if not args.config.is_file():
+                    raise ConfigError(
+                        str(args.config), None, "does not exist", "give the path of a config.json"
+                    )
+                load_config(
+                    args.config, resource_name=args.resource_name, socket_name=args.socket_name
+                )
             trio.run(
                 app.run_until_signalled,
                 partial(
@@ -225,6 +254,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"powerdev: bad config: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_socket_paths(plugin_dir: Path, socket_name: str) -> None:
+    """Refuse, at start, socket paths the kernel cannot bind or dial."""
+    for name in (socket_name, "kubelet.sock"):
+        path = plugin_dir.absolute() / name
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise ConfigError(
+                "--plugin-dir",
+                None,
+                f"the socket path {path} is {len(os.fsencode(path))} bytes, over the "
+                f"{UNIX_PATH_MAX} a unix socket path may have",
+                "use a shorter --plugin-dir (or --socket-name)",
+            )
 
 
 if __name__ == "__main__":

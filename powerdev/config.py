@@ -7,16 +7,27 @@ the field and the fix, because an operator reads it in `kubectl logs`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from powerdev.devices import gomatch
 
 DEFAULT_CONFIG_PATH = "/etc/power-device-plugin/config.json"
 DEFAULT_RESOURCE_NAME = "power-dev-plugin/dev"
 DEFAULT_SOCKET_NAME = "power-dev.csi.ibm.com-reg.sock"
 DEFAULT_SCAN_INTERVAL = 3600.0  # the seed's default for the `time` strategy: 60 minutes
+MIN_SCAN_INTERVAL = 10.0  # a rescan costs tens of ms at 10,000 devices; events do the rest
 STRATEGIES = ("default", "time")
+# upper-limit N advertises N units. The kubelet takes a ListAndWatch message
+# of at most 4 MiB, about 200,000 units of ~20 bytes; each unit also costs
+# powerdev a few hundred bytes and the DaemonSet's memory limit is 128 MiB.
+# A node runs a few hundred pods at most (110 by default), so 10,000 is far
+# above any real need and far below both limits.
+MAX_UPPER_LIMIT = 10_000
+MAX_CONFIG_BYTES = 1024 * 1024  # a config.json is a few hundred bytes
 
 KNOWN_FIELDS = (
     "nx-gzip",
@@ -61,6 +72,7 @@ class Config:
     source: str
     resources: tuple[ResourceConfig, ...]
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    raw: bytes | None = field(default=None, compare=False)  # the file's bytes; None: no file
 
 
 # --- small parsers, each testable alone -------------------------------------
@@ -136,17 +148,24 @@ def resource_name_problem(name: str) -> str | None:
     return None
 
 
-def pattern_problem(pattern: str) -> str | None:
-    """Why a glob pattern is unusable (as Go's filepath.Match would say), or None."""
+def pattern_problem(pattern: str, *, include: bool = True) -> str | None:
+    """Why a glob pattern is unusable, or None. Patterns are Go globs (see
+    devices/gomatch.py); an include pattern must point below /dev, since
+    only device nodes are ever advertised."""
     if not pattern.startswith("/"):
         return "patterns are absolute host paths, like /dev/dm-*"
-    depth = 0
-    for ch in pattern:
-        if ch == "[":
-            depth += 1
-        elif ch == "]" and depth:
-            depth -= 1
-    return "a '[' is never closed" if depth else None
+    problem = gomatch.problem(pattern)
+    if problem:
+        return f"not a valid Go glob pattern: {problem}"
+    if include and not pattern.startswith("/dev/"):
+        return "it can never match: device nodes live under /dev"
+    return None
+
+
+def _close_field(key: str) -> str | None:
+    """A known field that `key` is probably a misspelling of."""
+    close = difflib.get_close_matches(key.lower(), KNOWN_FIELDS, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 # --- the file -----------------------------------------------------------------
@@ -168,6 +187,14 @@ def parse_config(
             None,
             f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
             "fix the JSON syntax",
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            source, None, "nests arrays or objects too deeply", "write a flat JSON object"
+        ) from None
+    except ValueError as err:  # say, a number of more digits than Python reads
+        raise ConfigError(
+            source, None, f"cannot be read as JSON ({err})", "fix the value"
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(
@@ -217,7 +244,7 @@ def parse_config(
                     )
                 if not item.strip():
                     continue  # the seed drops empty entries too
-                problem = pattern_problem(item.strip())
+                problem = pattern_problem(item.strip(), include=key == "include-devices")
                 if problem:
                     raise ConfigError(
                         source, f"{key}[{i}]", f"{item!r}: {problem}", "fix or remove the pattern"
@@ -249,12 +276,17 @@ def parse_config(
                     f"{raw!r}: {err}",
                     'write a duration such as "30s", "10m" or "2h"',
                 ) from None
-        if seconds <= 0:
+        if not seconds >= MIN_SCAN_INTERVAL:  # also refuses NaN
             raise ConfigError(
                 source,
                 "scan-interval",
-                f"{raw!r} is not positive",
-                'write a duration such as "30s", "10m" or "2h"',
+                f"{raw!r} is shorter than the minimum of {MIN_SCAN_INTERVAL:g}s"
+                + (
+                    " (a bare number is nanoseconds, as Go reads it)"
+                    if isinstance(raw, int)
+                    else ""
+                ),
+                'write a duration of 10s or more, such as "30s", "10m" or "2h"',
             )
         res["scan_interval"] = seconds
     if "upper-limit" in data:
@@ -265,6 +297,14 @@ def parse_config(
                 "upper-limit",
                 f"{limit} is negative",
                 "use 0 for no limit or a positive number of pods",
+            )
+        if limit > MAX_UPPER_LIMIT:
+            raise ConfigError(
+                source,
+                "upper-limit",
+                f"{limit} is above the most powerdev advertises, {MAX_UPPER_LIMIT}",
+                f"use at most {MAX_UPPER_LIMIT} (a node runs a few hundred pods at most; "
+                "the kubelet's 4 MiB message limit allows about 200,000 units)",
             )
         res["upper_limit"] = limit
 
@@ -283,6 +323,12 @@ def parse_config(
             f"{socket_name!r} is not a bare file name",
             f"use a file name such as {DEFAULT_SOCKET_NAME}",
         )
+    for key in data:
+        meant = _close_field(key) if key not in KNOWN_FIELDS else None
+        if meant is not None:
+            raise ConfigError(
+                source, key, "is not a known field", f"did you mean {meant!r}? Rename it"
+            )
     warnings = tuple(
         f"{source}: field {key!r} is not known and is ignored; known fields: "
         + ", ".join(KNOWN_FIELDS)
@@ -312,13 +358,26 @@ def load_config(
     resource_name: str = DEFAULT_RESOURCE_NAME,
     socket_name: str = DEFAULT_SOCKET_NAME,
 ) -> Config:
-    """Read and parse a config file; a missing file means the defaults, as in the seed."""
+    """Read and parse a config file; a missing file means the defaults, as in
+    the seed, and a warning that says what they mean."""
     path = Path(path)
+    raw: bytes | None = None
     try:
-        text = decode_config(path.read_bytes(), str(path))
+        raw = read_config_bytes(path)
+        text = decode_config(raw, str(path))
     except FileNotFoundError:
         text = ""
         source = f"{path} (missing: defaults)"
+        missing = (
+            f"{path} does not exist: using the defaults, as the seed does. They advertise "
+            "every block device of the host (disks, partitions, dm-*; not loop, ram or "
+            "zram) except those the host mounts, swaps on or holds; write a config.json "
+            'with "include-devices" to choose'
+        )
+        config = parse_config(
+            text, source=source, resource_name=resource_name, socket_name=socket_name
+        )
+        return replace(config, warnings=(missing, *config.warnings))
     except IsADirectoryError:
         raise ConfigError(
             str(path), None, "is a directory", "point --config at the config.json file inside it"
@@ -329,7 +388,22 @@ def load_config(
         ) from None
     else:
         source = str(path)
-    return parse_config(text, source=source, resource_name=resource_name, socket_name=socket_name)
+    config = parse_config(text, source=source, resource_name=resource_name, socket_name=socket_name)
+    return replace(config, raw=raw)
+
+
+def read_config_bytes(path: Path) -> bytes:
+    """The file's bytes, refusing a file far larger than any config."""
+    with path.open("rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            str(path),
+            None,
+            f"is larger than {MAX_CONFIG_BYTES // 1024} KiB",
+            "point --config at the config.json file",
+        )
+    return data
 
 
 def _json_type(value: object) -> str:

@@ -11,7 +11,6 @@ before the next pass registers again. Nothing here knows about devices.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -22,6 +21,7 @@ from powerdev.backoff import Backoff
 from powerdev.config import ResourceConfig
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
 from powerdev.plugin import Plugin
+from powerdev.probe import socket_answers
 from powerdev.rpc import (
     Answers,
     KubeletUnreachable,
@@ -134,22 +134,6 @@ async def _registrations(
         else:
             quick_ends = 0
             stream_ends.reset()
-
-
-def socket_answers(path: Path) -> bool:
-    """Does a server accept connections on this unix socket right now?"""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(str(path))
-    except BlockingIOError:
-        return True  # alive, with a full backlog
-    except OSError:
-        return False  # no file, not a socket, or nobody listening (a stale file)
-    else:
-        return True
-    finally:
-        probe.close()
 
 
 async def _warm_up(service: PluginService, answers: Answers, plugin: Plugin) -> None:

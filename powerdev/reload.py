@@ -22,7 +22,13 @@ from pathlib import Path
 
 import trio
 
-from powerdev.config import ConfigError, ResourceConfig, decode_config, parse_config
+from powerdev.config import (
+    ConfigError,
+    ResourceConfig,
+    decode_config,
+    parse_config,
+    read_config_bytes,
+)
 from powerdev.configwatch import ConfigWatch
 from powerdev.plugin import Plugin
 
@@ -36,12 +42,14 @@ class Reloader:
         plugins: list[Plugin],
         rescan: Callable[[Plugin], Awaitable[None]],
         on_applied: Callable[[], None] = lambda: None,
+        *,
+        loaded: bytes | None = None,
     ) -> None:
         self.config_path = config_path
         self.plugins = plugins
         self._rescan = rescan
         self._on_applied = on_applied
-        self._last_seen: bytes | None = None
+        self._last_seen: bytes | None = loaded  # what the running config was read from
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with (
@@ -69,17 +77,18 @@ class Reloader:
     async def reload(self) -> bool:
         """Read the config again and apply what changed; False if it was bad."""
         path = self.config_path
+        problem = None
         try:
-            seen: bytes | None = path.read_bytes()
+            seen: bytes | None = read_config_bytes(path)
         except FileNotFoundError:
             seen = None
-        except OSError as err:
-            seen = f"unreadable: {err}".encode()
-        if seen == self._last_seen:
+        except (OSError, ConfigError) as err:
+            seen, problem = None, f"{path}: cannot be read ({err})"
+        if seen == self._last_seen and problem is None:
             return True
         self._last_seen = seen
         if seen is None:
-            log.warning("%s is gone; the last good config stays in force", path)
+            log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
             return False
         first = self.plugins[0].resource
         try:

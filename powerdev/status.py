@@ -50,8 +50,14 @@ class StatusFile:
 
 def read_status(path: Path) -> dict[str, dict[str, object]]:
     """The resources section of a status file; {} if it is missing or unreadable."""
+    return read_status_file(path)[1]
+
+
+def read_status_file(path: Path) -> tuple[int | None, dict[str, dict[str, object]]]:
+    """(the writer's pid, the resources); (None, {}) if missing or unreadable."""
     try:
         data = json.loads(path.read_text())
-        return dict(data.get("resources", {}))
-    except (OSError, ValueError, AttributeError):
-        return {}
+        pid = data.get("pid")
+        return (pid if isinstance(pid, int) else None), dict(data.get("resources", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None, {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +23,19 @@ from powerdev.rpc import asyncio_door
 from powerdev.watching import Watcher
 
 IS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def tmp_path():
+    """A short temp dir. Unix socket paths may have 107 bytes at most, and
+    pytest's own tmp_path grows with the user name, $TMPDIR and the test's
+    name; under it, a plugin dir's sockets may not fit."""
+    base = "/tmp" if os.access("/tmp", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix="pd-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
 
 

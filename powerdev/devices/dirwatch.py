@@ -12,7 +12,6 @@ made in it before the watch was in place, that is a reason to rescan.
 
 from __future__ import annotations
 
-import glob
 import logging
 import posixpath
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from inotify_simple import flags as F
 
+from powerdev.devices import gomatch
 from powerdev.devices.discovery import matches, to_local
 from powerdev.devices.model import HOST_DEV
 from powerdev.devices.tracker import DeviceEvent
@@ -79,15 +79,12 @@ class DirEvents:
 
     def _existing(self, level: str) -> list[str]:
         """Host directories that exist now and match a directory pattern."""
-        if not glob.has_magic(level):
-            return [level] if to_local(self._dev_root, level).is_dir() else []
-        rel = level.removeprefix(HOST_DEV).lstrip("/")
-        found = glob.glob(rel, root_dir=self._dev_root, include_hidden=True)
-        return sorted(
-            f"{HOST_DEV}/{r}"
-            for r in found
-            if (self._dev_root / r).is_dir() and matches(level, f"{HOST_DEV}/{r}")
-        )
+        if level == HOST_DEV:
+            return [level] if self._dev_root.is_dir() else []
+        found = gomatch.glob(self._dev_root, level.removeprefix(HOST_DEV))
+        return [
+            f"{HOST_DEV}{r}" for r in found if to_local(self._dev_root, f"{HOST_DEV}{r}").is_dir()
+        ]
 
     def _is_level(self, host_dir: str) -> bool:
         return any(matches(level, host_dir) for level in self._levels)

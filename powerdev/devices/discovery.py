@@ -10,14 +10,13 @@ Patterns are host paths ("/dev/dm-*") matched as Go's filepath.Match does:
 
 from __future__ import annotations
 
-import glob
 import os
 import stat
 from collections.abc import Iterable
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from powerdev.config import ResourceConfig
+from powerdev.devices import gomatch
 from powerdev.devices.model import HOST_DEV, Device, device_id
 
 NX_GZIP = "/dev/crypto/nx-gzip"
@@ -58,11 +57,8 @@ CONTROL_PATHS = frozenset(
 
 
 def matches(pattern: str, host_path: str) -> bool:
-    """Go filepath.Match semantics: segment by segment, `*` stays inside one."""
-    pat_parts, path_parts = pattern.split("/"), host_path.split("/")
-    return len(pat_parts) == len(path_parts) and all(
-        fnmatchcase(part, pat) for pat, part in zip(pat_parts, path_parts, strict=True)
-    )
+    """Go's filepath.Match (patterns were checked when the config was read)."""
+    return gomatch.match(pattern, host_path)
 
 
 def matches_any(patterns: Iterable[str], host_path: str) -> bool:
@@ -122,14 +118,12 @@ def _devname(sys_dir: Path) -> str | None:
 
 
 def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
-    """Host paths under dev_root that match any include pattern."""
+    """Host paths under dev_root that match any include pattern (Go's Glob)."""
     found: list[str] = []
     for pattern in patterns:
-        rel_pattern = pattern.removeprefix(HOST_DEV).lstrip("/")
-        for rel in sorted(glob.glob(rel_pattern, root_dir=dev_root, include_hidden=True)):
-            host = f"{HOST_DEV}/{rel}"
-            if matches(pattern, host):
-                found.append(host)
+        rel = pattern.removeprefix(HOST_DEV)
+        if rel.startswith("/"):  # the config refuses patterns outside /dev
+            found.extend(f"{HOST_DEV}{p}" for p in gomatch.glob(dev_root, rel))
     return found
 
 
@@ -150,7 +144,7 @@ def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> b
     (no wildcard): `/dev/loop*` never grants /dev/loop-control."""
     if not is_control_node(device, sys_root):
         return True
-    return any(p == device.path and not glob.has_magic(p) for p in include)
+    return any(p == device.path and not gomatch.has_magic(p) for p in include)
 
 
 def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[Device, ...]:
@@ -169,3 +163,38 @@ def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[
         if device is not None and control_allowed(device, resource.include, sys_root):
             devices[host_path] = device
     return tuple(sorted(devices.values(), key=lambda d: d.path))
+
+
+def why_nothing(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> str:
+    """Why discovery finds no device for this resource, in one phrase."""
+    if resource.include:
+        candidates = include_candidates(dev_root, resource.include)
+        if not candidates:
+            return f"nothing under {dev_root} matches include-devices {list(resource.include)}"
+    else:
+        candidates = block_candidates(sys_root)
+        if not candidates:
+            return f"{sys_root}/class/block lists no disk, partition or dm device"
+    kept = [p for p in candidates if not matches_any(resource.exclude, p)]
+    if not kept:
+        return f"every one of the {len(candidates)} matching paths is in exclude-devices"
+    if not any(probe(dev_root, p) is not None for p in kept):
+        return f"{len(kept)} paths match, but none is a character or block device node"
+    return "the nodes that match are control nodes or in use by the host (see above)"
+
+
+def missing_directories(patterns: Iterable[str], dev_root: Path) -> list[tuple[str, Path]]:
+    """(pattern, directory) for each pattern whose fixed directory part does
+    not exist under dev_root: it can match nothing until that directory appears."""
+    missing = []
+    for pattern in patterns:
+        elements = pattern.removeprefix(HOST_DEV).strip("/").split("/")[:-1]
+        fixed = []
+        for element in elements:
+            if gomatch.has_magic(element):
+                break
+            fixed.append(element)
+        where = dev_root.joinpath(*fixed)
+        if not where.is_dir():
+            missing.append((pattern, where))
+    return missing

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 2.0  # seconds a closing server may take to end its calls
 
 
+def after_bind(path: Path) -> None:
+    """Called between bind and serving; tests replace it to act at that moment."""
+
+
 @contextlib.asynccontextmanager
 async def asyncio_door() -> AsyncIterator[None]:
     """An asyncio loop for grpclib, unless the caller already runs inside one."""
@@ -49,14 +53,16 @@ async def serve(
     # bound socket that the `finally` below never sees.
     with trio.CancelScope(shield=True):
         await trio_asyncio.aio_as_trio(server.start)(path=str(path))
-    try:
-        os.chmod(path, 0o600)  # the kubelet is root; nobody else may connect
-        bound: os.stat_result | None = os.stat(path)
-    except FileNotFoundError:
-        # Deleted the moment it was made (a kubelet starting up deletes every
-        # socket): whoever watches the directory will see it and serve again.
-        bound = None
-    try:
+    bound: os.stat_result | None = None
+    try:  # from here on, whatever happens, the server is closed on the way out
+        try:
+            after_bind(path)
+            os.chmod(path, 0o600)  # the kubelet is root; nobody else may connect
+            bound = os.stat(path)
+        except FileNotFoundError:
+            # Deleted the moment it was made (a kubelet starting up deletes
+            # every socket): whoever watches the directory will serve again.
+            pass
         task_status.started()
         await trio.sleep_forever()
     finally:

@@ -52,8 +52,14 @@ async def register(
         raise RegisterError(f"the kubelet refused: {err.message or err.status.name}") from None
     except (ConnectionError, FileNotFoundError) as err:
         raise KubeletUnreachable(f"{kubelet_socket}: {err.strerror or err}") from None
-    except (TimeoutError, OSError, StreamTerminatedError, ProtocolError, H2Error) as err:
+    except StreamTerminatedError as err:  # it went away in the middle of our call
+        raise KubeletUnreachable(f"{kubelet_socket}: {err or 'connection lost'}") from None
+    except (TimeoutError, OSError, ProtocolError, H2Error) as err:
         # Any transport or HTTP/2 failure: a reason to try again, never to exit.
         raise RegisterError(
             f"cannot reach the kubelet at {kubelet_socket}: {err or type(err).__name__}"
+        ) from None
+    except Exception as err:  # anything else grpclib may raise: still only a failed try
+        raise RegisterError(
+            f"Register to {kubelet_socket} failed: {type(err).__name__}: {err}"
         ) from None

@@ -11,6 +11,7 @@ import trio.lowlevel
 from powerdev import app
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.paths import KUBELET_SOCKET
+from powerdev.probe import socket_answers
 from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree, wait_for_file
@@ -183,7 +184,11 @@ async def test_stopping_removes_the_socket(tmp_path, dev):
 async def test_a_removed_plugin_dir_is_watched_again(tmp_path, dev):
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
-            await trio.to_thread.run_sync(shutil.rmtree, h.settings.plugin_dir)
+            # Moved away in one atomic step, then removed: the daemon may put a
+            # socket back at any moment, and a recursive delete would race it.
+            gone = tmp_path / "removed-plugin-dir"
+            h.settings.plugin_dir.rename(gone)
+            await trio.to_thread.run_sync(shutil.rmtree, gone)
             await h.kubelet.restart()  # a kubelet makes the directory again as it starts
             await h.wait_registered(2)
             assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()
@@ -227,19 +232,32 @@ async def test_a_socket_deleted_the_moment_it_is_bound_is_served_again(
     # bind and our first look at it. The daemon must shrug and serve again.
     import powerdev.rpc.door as door
 
-    real_stat = os.stat
     hits = []
 
-    def stat_after_a_kubelet_swept(path, *args, **kwargs):
-        if str(path).endswith(".csi.ibm.com-reg.sock") and not hits and os.path.lexists(path):
+    def a_kubelet_sweeps(path):
+        if path.name.endswith(".csi.ibm.com-reg.sock") and not hits:
             hits.append(path)
             os.unlink(path)
-        return real_stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(door.os, "stat", stat_after_a_kubelet_swept)
+    monkeypatch.setattr(door, "after_bind", a_kubelet_sweeps)
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
             assert hits  # the sweep happened, and yet:
             assert h.state().capacity == 3
             assert (h.settings.plugin_dir / h.plugin.resource.socket).exists()
         assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_a_failure_between_bind_and_serve_leaves_no_server(tmp_path, monkeypatch):
+    import powerdev.rpc.door as door
+
+    def cannot_chmod(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(door, "after_bind", cannot_chmod)
+    path = tmp_path / "s.sock"
+    with trio.fail_after(LIMIT):
+        async with asyncio_door():
+            with pytest.raises(PermissionError):
+                await door.serve(path, [])
+    assert not socket_answers(path)  # closed: nothing listens
