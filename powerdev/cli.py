@@ -44,8 +44,15 @@ def one_of(values: tuple[str, ...]):
     return convert
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line, without the usage block: a log shows the line."""
+
+    def error(self, message: str):  # type: ignore[no-untyped-def]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="powerdev", description="A Kubernetes device plugin for host device nodes."
     )
     parser.add_argument("--version", action="version", version=f"powerdev {__version__}")

@@ -45,7 +45,43 @@ def check_config_text(text):
         return
     resource = config.resources[0]
     assert set(resource.permissions) <= set("rwm") and resource.permissions
-    assert resource.upper_limit >= 0 and resource.scan_interval > 0
+    assert 0 <= resource.upper_limit <= 10_000 and resource.scan_interval >= 10
+
+
+nasty_bytes = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda n: b"[" * n + b"]" * n, st.integers(1000, 200_000)),
+    st.builds(lambda n: b'{"upper-limit": ' + b"9" * n + b"}", st.integers(1, 10_000)),
+    st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(st.text(), json_values)),
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(content=nasty_bytes)
+def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content):
+    """The reload path: whatever the file holds, reload() returns (True with a
+    config applied, or False with the last good one kept) and never raises."""
+    from powerdev.reload import Reloader
+
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    plugin = Plugin(ResourceConfig(), Inventory())
+    good = plugin.resource
+    rescans = []
+
+    async def rescan(p):
+        rescans.append(p)
+
+    async def reload_once():
+        return await Reloader(path, [plugin], rescan).reload()
+
+    applied = trio.run(reload_once)
+    if not applied:
+        assert plugin.resource == good and rescans == []
+    else:
+        assert set(plugin.resource.permissions) <= set("rwm")
 
 
 DEVICES = tuple(Device(i, f"/dev/{i}", "b", 253, n) for n, i in enumerate(["dm-0", "dm-1"]))

@@ -108,7 +108,17 @@ def test_scan_interval_as_go_nanoseconds():
         ('{"exclude-devices": ["/dev/[sd"]}', "'exclude-devices[0]'", "never closed"),
         ('{"discovery-strategy": "fast"}', "'discovery-strategy'", '"default"'),
         ('{"scan-interval": "10"}', "'scan-interval'", '"30s"'),
-        ('{"scan-interval": "0s"}', "'scan-interval'", "not positive"),
+        ('{"scan-interval": "0s"}', "'scan-interval'", "shorter than the minimum of 10s"),
+        ('{"scan-interval": "9s"}', "'scan-interval'", "10s or more"),
+        ('{"scan-interval": 60}', "'scan-interval'", "a bare number is nanoseconds"),
+        ('{"upper-limit": 1000000}', "'upper-limit'", "use at most 10000"),
+        ('{"include-devices": ["/sys/block/*"]}', "'include-devices[0]'", "under /dev"),
+        ('{"include-devices": ["/dev/sd[]"]}', "'include-devices[0]'", "not a valid Go glob"),
+        ('{"include-devices": ["/dev/dm\\\\"]}', "'include-devices[0]'", "backslash"),
+        ('{"permisions": "r"}', "'permisions'", "did you mean 'permissions'?"),
+        ('{"upper_limit": 3}', "'upper_limit'", "did you mean 'upper-limit'?"),
+        ('{"nx_gzip": true}', "'nx_gzip'", "did you mean 'nx-gzip'?"),
+        ('{"allow-host-used-devices": "yes"}', "'allow-host-used-devices'", "true or false"),
         ('{"scan-interval": true}', "'scan-interval'", "duration string"),
         ('{"upper-limit": -1}', "'upper-limit'", "0 for no limit"),
         ('{"upper-limit": "5"}', "'upper-limit'", "whole number"),
@@ -131,6 +141,8 @@ def test_errors_name_file_field_and_fix(text, field, fix):
         ("{", "not valid JSON (line 1, column 2"),
         ("[1, 2]", "top level is a JSON array"),
         ('"rw"', "top level is a JSON string"),
+        ("[" * 100_000 + "]" * 100_000, "nests arrays or objects too deeply"),
+        ('{"upper-limit": ' + "9" * 5000 + "}", "cannot be read as JSON"),
     ],
 )
 def test_whole_file_errors(text, problem):
@@ -140,10 +152,10 @@ def test_whole_file_errors(text, problem):
 
 
 def test_unknown_fields_warn_and_do_not_fail():
-    config = parse_config('{"permisions": "r"}', source="c.json")
-    assert config.resources[0].permissions == "rw"
+    config = parse_config('{"debug": true}', source="c.json")
+    assert config.resources[0] == parse_config("{}", source="c.json").resources[0]
     assert config.warnings == (
-        "c.json: field 'permisions' is not known and is ignored; known fields: nx-gzip, "
+        "c.json: field 'debug' is not known and is ignored; known fields: nx-gzip, "
         "permissions, include-devices, exclude-devices, discovery-strategy, scan-interval, "
         "upper-limit, allow-host-used-devices",
     )
@@ -183,3 +195,23 @@ def test_bad_resource_and_socket_names_are_config_errors():
         parse_config("{}", source="c", resource_name="dev")
     with pytest.raises(ConfigError, match=r"^--socket-name: 'a/b' is not a bare file name"):
         parse_config("{}", source="c", socket_name="a/b")
+
+
+def test_a_missing_file_says_what_the_defaults_mean(tmp_path):
+    (warning,) = load_config(tmp_path / "absent.json").warnings
+    assert str(tmp_path / "absent.json") in warning and "does not exist" in warning
+    assert "every block device of the host" in warning and "include-devices" in warning
+
+
+def test_a_huge_file_is_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(" " * (2 * 1024 * 1024) + "{}")
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        load_config(path)
+
+
+def test_the_loaded_bytes_are_kept_for_reload_comparison(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"permissions": "r"}')
+    assert load_config(path).raw == b'{"permissions": "r"}'
+    assert load_config(tmp_path / "absent.json").raw is None

@@ -22,7 +22,8 @@ from tests.conftest import make_dev_tree
         ("/dev/sd?", "/dev/sda", True),
         ("/dev/sd?", "/dev/sda1", False),
         ("/dev/sd[a-c]1", "/dev/sdb1", True),
-        ("/dev/sd[!a]", "/dev/sda", False),
+        ("/dev/sd[^a]", "/dev/sda", False),  # Go negates with '^' ...
+        ("/dev/sd[!a]", "/dev/sda", True),  # ... and '!' is just a character
         ("/dev/crypto/nx-gzip", "/dev/crypto/nx-gzip", True),
         ("/dev/loop*", "/dev/loop-control", True),
     ],
