@@ -77,6 +77,42 @@ async def test_100_kubelet_restarts_hold_descriptors_and_memory(tmp_path):
             await stop_cleanly(daemon)
 
 
+async def test_clients_that_never_let_go_keep_nothing_after_restarts(tmp_path):
+    """A debugging client holding a ListAndWatch stream open, on every
+    registration: a closed server must end its connection, whatever it does."""
+    dev, config = pool(tmp_path, 100)
+    with trio.fail_after(LIMIT):
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, nursery),
+            spawn(tmp_path, config, dev) as daemon,
+        ):
+            await kubelet.wait_until(registered(1, 100))
+            clients = []
+
+            async def hold_a_stream() -> None:
+                client = PluginClient(daemon.socket)
+                clients.append(client)
+                await nursery.start(client.stall)
+
+            await hold_a_stream()
+            for n in range(2, 5):  # warm up
+                await kubelet.restart()
+                await kubelet.wait_until(registered(n, 100))
+                await hold_a_stream()
+            fds = daemon.fds()
+            for n in range(5, 25):
+                await kubelet.restart()
+                await kubelet.wait_until(registered(n, 100))
+                await hold_a_stream()
+            print(
+                f"\n20 restarts, each with a client that never lets go: fds {fds} -> {daemon.fds()}"
+            )
+            assert daemon.fds() <= fds + FD_BOUND
+            for client in clients:
+                client.close()
+            await stop_cleanly(daemon)
+
+
 async def test_restarts_during_allocates(tmp_path):
     dev, config = pool(tmp_path, 2000)
     outcomes = {"ok": 0, "failed": 0}
@@ -162,6 +198,39 @@ async def test_kubelet_absent_then_refusing_then_accepting(tmp_path):
                 failures = daemon.lines("Register failed")
                 assert len(failures) == 1, failures  # six refusals, one change of state: one line
                 assert "the device manager is not ready" in failures[0]
+                await stop_cleanly(daemon)
+
+
+async def test_a_kubelet_socket_that_speaks_garbage_never_ends_the_daemon(tmp_path):
+    dev, config = pool(tmp_path, 3)
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir()
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener.bind(str(plugin_dir / "kubelet.sock"))
+    listener.listen()
+    replies = [b"", b"\x00\x00\x12\x04garbage, not HTTP/2\xff" * 50, b"HTTP/1.1 400 Bad\r\n\r\n"]
+    served = 0
+    every_kind_tried = trio.Event()
+
+    async def speak_garbage() -> None:
+        nonlocal served
+        while True:
+            conn, _ = await listener.accept()
+            with conn:
+                await conn.send(replies[served % len(replies)])
+                served += 1
+                if served == len(replies):
+                    every_kind_tried.set()
+
+    with trio.fail_after(LIMIT):
+        async with spawn(tmp_path, config, dev) as daemon, trio.open_nursery() as garbage:
+            garbage.start_soon(speak_garbage)
+            await every_kind_tried.wait()  # three Register calls met garbage
+            garbage.cancel_scope.cancel()
+            listener.close()
+            assert daemon.proc.returncode is None  # still running
+            async with kubelet_running(plugin_dir) as (kubelet, _):  # a real one starts
+                await kubelet.wait_until(registered(1, 3))
                 await stop_cleanly(daemon)
 
 

@@ -261,3 +261,34 @@ async def test_a_failure_between_bind_and_serve_leaves_no_server(tmp_path, monke
             with pytest.raises(PermissionError):
                 await door.serve(path, [])
     assert not socket_answers(path)  # closed: nothing listens
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ('{"include-devices": ["/dev/dm-*"]}', "nothing under"),
+        ('{"include-devices": ["/dev/sd*"], "exclude-devices": ["/dev/sd?"]}', "exclude-devices"),
+        ('{"include-devices": ["/dev/file*"]}', "none is a character or block device node"),
+    ],
+)
+async def test_a_resource_with_no_device_says_why(tmp_path, config, why, caplog):
+    dev = make_dev_tree(tmp_path / "dev", ["sda", "sdb"])
+    (dev / "file1").write_text("not a device")
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(config), dev_root=dev) as h:
+            assert h.state().capacity == 0
+    (line,) = [r.getMessage() for r in caplog.records if "advertises no device" in r.getMessage()]
+    assert why in line
+
+
+async def test_a_pattern_into_a_missing_directory_is_warned_about_and_followed(tmp_path, caplog):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    config = config_for('{"include-devices": ["/dev/dm-*", "/dev/mapper/*"]}')
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            (warning,) = [
+                r.getMessage() for r in caplog.records if "can match nothing" in r.getMessage()
+            ]
+            assert "'/dev/mapper/*'" in warning and str(dev / "mapper") in warning
+            make_dev_tree(dev, ["mapper/mpatha"])  # the directory appears: followed
+            await h.kubelet.wait_until(lambda k: "mapper.mpatha" in h.state().devices)

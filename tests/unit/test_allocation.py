@@ -109,3 +109,12 @@ async def test_inventory_versions_and_waiting():
     assert inventory.publish((A, B)) is True
     snapshot = await inventory.wait_newer(1)
     assert (snapshot.version, snapshot.by_id["mapper.mpatha"]) == (2, B)
+
+
+def test_backoff_doubles_to_its_bound_and_starts_again_after_a_success():
+    from powerdev.backoff import Backoff
+
+    backoff = Backoff(0.1, 1.0)
+    assert [backoff.next() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    backoff.reset()
+    assert backoff.next() == 0.1
