@@ -32,6 +32,13 @@ class DeviceGrant:
     permissions: str
 
 
+@dataclass(frozen=True, slots=True)
+class CdiGrant:
+    """A container's answer in CDI mode: fully qualified CDI device names."""
+
+    names: tuple[str, ...]
+
+
 class AllocationRefused(ValueError):
     """A request the plugin must refuse; str() says which ID and why."""
 

@@ -14,11 +14,13 @@ import math
 import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
+from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriter
 from powerdev.config import Config
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
@@ -49,6 +51,7 @@ class Settings:
     # The host's mount table (the DaemonSet mounts /proc/1/mountinfo there);
     # None: this process's own, which is the host's when not in a container.
     host_mountinfo: Path | None = None
+    cdi_spec_dir: Path = Path(DEFAULT_SPEC_DIR)  # where CDI-mode resources write their spec
 
     @property
     def mountinfo(self) -> Path:
@@ -164,6 +167,9 @@ async def run(
 
             for plugin in plugins:
                 plugin.refresh = refresh
+                writer = SpecWriter(settings.cdi_spec_dir)
+                plugin.prepare = partial(_write_spec, writer, plugin)
+                nursery.start_soon(_keep_spec, writer, plugin)
             for source in sources:
                 nursery.start_soon(_follow, source, plugins, nursery)
             for plugin in plugins:
@@ -201,6 +207,30 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
             nursery.start_soon(scan, plugin)
         elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
             _log_devices(plugin)
+
+
+async def _write_spec(writer: SpecWriter, plugin: Plugin) -> None:
+    await writer.ensure(plugin.resource, plugin.inventory.current)
+
+
+async def _keep_spec(writer: SpecWriter, plugin: Plugin) -> None:
+    """CDI mode: the spec file follows every change of the resource's list
+    (a changed config publishes anew too), and goes when the resource stops."""
+    try:
+        seen = 0
+        while True:
+            snapshot = await plugin.inventory.wait_newer(seen)
+            seen = snapshot.version
+            try:
+                await writer.ensure(plugin.resource, snapshot)
+            except OSError as err:
+                log.error(
+                    "%s: cannot write the CDI spec (%s); Allocate will retry",
+                    plugin.resource.name,
+                    err,
+                )
+    finally:
+        writer.remove()
 
 
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:

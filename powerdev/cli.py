@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(run)
     run.add_argument(
+        "--cdi-spec-dir",
+        type=Path,
+        default=Path(_env("CDI_SPEC_DIR", "/var/run/cdi")),
+        help='where resources with "cdi": true write their CDI spec [env '
+        "POWERDEV_CDI_SPEC_DIR; default /var/run/cdi]",
+    )
+    run.add_argument(
         "--host-mountinfo",
         type=Path,
         default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
@@ -225,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 status_file=args.status_file,
                 config_path=args.config,
                 host_mountinfo=args.host_mountinfo,
+                cdi_spec_dir=args.cdi_spec_dir,
             )
             steps = stepwatch.from_environment()
             try:

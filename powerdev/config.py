@@ -38,6 +38,10 @@ KNOWN_FIELDS = (
     "scan-interval",
     "upper-limit",
     "allow-host-used-devices",
+    "cdi",
+    "device-uid",
+    "device-gid",
+    "device-mode",
 )
 
 
@@ -63,6 +67,10 @@ class ResourceConfig:
     scan_interval: float = DEFAULT_SCAN_INTERVAL
     upper_limit: int = 0  # 0: no limit, one unit per device
     allow_host_used: bool = False  # also list devices the host mounts, swaps on or holds
+    cdi: bool = False  # answer Allocate with CDI device names (cdi.py writes the spec)
+    device_uid: int | None = None  # owner, group and mode of the node in the container (CDI)
+    device_gid: int | None = None
+    device_mode: int | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,37 @@ def parse_config(
     res: dict[str, object] = {}
     if "nx-gzip" in data:
         res["nx_gzip"] = want("nx-gzip", bool, "true or false")
+    if "cdi" in data:
+        res["cdi"] = want("cdi", bool, "true or false")
+    for key, attr in (("device-uid", "device_uid"), ("device-gid", "device_gid")):
+        if key in data:
+            number = want(key, int, "a whole number such as 6 (the host's disk group)")
+            if not 0 <= number < 2**31:
+                raise ConfigError(
+                    source,
+                    key,
+                    f"{number} is not a uid or gid",
+                    "use a number from 0 to 2147483647",
+                )
+            res[attr] = number
+    if "device-mode" in data:
+        mode = want("device-mode", str, 'an octal string such as "0660"')
+        if not re.fullmatch(r"0?[0-7]{3}", mode):
+            raise ConfigError(
+                source,
+                "device-mode",
+                f"{mode!r} is not an octal file mode",
+                'write it as three or four octal digits, such as "0660"',
+            )
+        res["device_mode"] = int(mode, 8)
+    cdi_only = [k for k in ("device-uid", "device-gid", "device-mode") if k in data]
+    if cdi_only and not res.get("cdi"):
+        raise ConfigError(
+            source,
+            cdi_only[0],
+            "applies only to CDI answers (a DeviceSpec carries no owner, group or mode)",
+            'set "cdi": true, or remove it',
+        )
     if "allow-host-used-devices" in data:
         res["allow_host_used"] = want("allow-host-used-devices", bool, "true or false")
     if "permissions" in data:

@@ -7,10 +7,10 @@ and reused by every stream and every Allocate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from powerdev import allocation
-from powerdev.allocation import DeviceGrant, Unit
+from powerdev import allocation, cdi
+from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.tracker import Tracker
@@ -26,11 +26,14 @@ class Plugin:
         self._units_key: tuple[int, int] | None = None
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}
-        self._grant_key: tuple[int, str] | None = None
-        self._grant: tuple[DeviceGrant, ...] = ()
+        self._grant_key: tuple[int, ResourceConfig] | None = None
+        self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
         # Applies every device event the kernel has queued, without waiting:
         # Allocate calls it first, so a node removed a moment ago is never granted.
         self.refresh: Callable[[], None] = lambda: None
+        # Awaited before an Allocate answer is sent: in CDI mode, it makes
+        # sure the spec file names what the answer names.
+        self.prepare: Callable[[], Awaitable[None]] = _nothing
 
     def set_resource(self, resource: ResourceConfig) -> None:
         self.resource = resource
@@ -50,7 +53,7 @@ class Plugin:
 
     def allocate(
         self, requests: Sequence[Sequence[str]], *, refresh: bool = True
-    ) -> list[tuple[DeviceGrant, ...]]:
+    ) -> list[tuple[DeviceGrant, ...] | CdiGrant]:
         """One grant per container request; AllocationRefused names a bad ID."""
         if refresh:
             self.refresh()
@@ -58,9 +61,12 @@ class Plugin:
         self.units(snapshot)
         for ids in requests:
             allocation.check_request(ids, self._units_by_id)
-        key = (snapshot.version, self.resource.permissions)
+        key = (snapshot.version, self.resource)
         if key != self._grant_key:
-            self._grant = allocation.grant(snapshot.devices, self.resource.permissions)
+            if self.resource.cdi:
+                self._grant = CdiGrant(cdi.qualified_names(self.resource, snapshot.devices))
+            else:
+                self._grant = allocation.grant(snapshot.devices, self.resource.permissions)
             self._grant_key = key
         return [self._grant for _ in requests]
 
@@ -69,3 +75,7 @@ class Plugin:
     ) -> list[list[str]]:
         """GetPreferredAllocation: (available, must_include, size) per container."""
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
+
+
+async def _nothing() -> None:
+    return None

@@ -120,8 +120,9 @@ class Reloader:
         log.info("%s: config applied: %s", resource.name, changes)
         plugin.set_resource(resource)
         await self._rescan(plugin)
-        if resource.upper_limit != old.upper_limit:
-            plugin.inventory.publish(plugin.inventory.current.devices, force=True)
+        # What is advertised or granted for the same devices may have changed
+        # (units, permissions, CDI): a new version, for every follower.
+        plugin.inventory.publish(plugin.inventory.current.devices, force=True)
 
 
 def _keep_unit_model(old: ResourceConfig, new: ResourceConfig, source: str) -> ResourceConfig:

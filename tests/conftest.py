@@ -98,6 +98,7 @@ async def daemon_and_kubelet(
     sys_root: Path | None = None,
     events: app.EventSource | None = None,
     uevents: str = "off",
+    **settings: object,
 ) -> AsyncIterator[Harness]:
     """A fake kubelet and the daemon, in-process, over real unix sockets.
     Device events come from `events` (a fake source) or, with uevents="auto"
@@ -108,6 +109,7 @@ async def daemon_and_kubelet(
         dev_root=dev_root,
         sys_root=sys_root or tmp_path / "sys",
         uevents=uevents,
+        **settings,  # type: ignore[arg-type]
     )
     async with asyncio_door(), trio.open_nursery() as nursery:
         kubelet = FakeKubelet(plugin_dir)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable
 import trio
 
 from powerdev._proto import api_pb2 as pb
-from powerdev.allocation import DeviceGrant, Unit
+from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.devices.inventory import Snapshot
 from powerdev.plugin import Plugin
 
@@ -45,7 +45,7 @@ class Answers:
         units = self._plugin.units(snapshot)
         return await self._cached(self._list, units, lambda: encode_list(units))
 
-    async def allocate(self, grants: list[tuple[DeviceGrant, ...]]) -> bytes:
+    async def allocate(self, grants: list[tuple[DeviceGrant, ...] | CdiGrant]) -> bytes:
         """The encoded AllocateResponse: one container response per grant.
         The plugin hands out one grant tuple per version, so it is the key."""
         if not grants:
@@ -55,7 +55,7 @@ class Answers:
             return b"".join([await self._framed(g) for g in grants])
         return await self._framed(grant) * len(grants)
 
-    async def _framed(self, grant: tuple[DeviceGrant, ...]) -> bytes:
+    async def _framed(self, grant: tuple[DeviceGrant, ...] | CdiGrant) -> bytes:
         return await self._cached(self._container, grant, lambda: encode_container(grant))
 
     async def _cached(self, slot: _Slot, key: Hashable, make: Callable[[], bytes]) -> bytes:
@@ -74,10 +74,16 @@ def encode_list(units: tuple[Unit, ...]) -> bytes:
     return reply.SerializeToString()
 
 
-def encode_container(grant: tuple[DeviceGrant, ...]) -> bytes:
-    """One container response, framed as an AllocateResponse with one entry."""
+def encode_container(grant: tuple[DeviceGrant, ...] | CdiGrant) -> bytes:
+    """One container response, framed as an AllocateResponse with one entry:
+    DeviceSpecs, or in CDI mode the CDI device names (field 5)."""
     reply = pb.AllocateResponse()
-    add = reply.container_responses.add().devices.add
+    container = reply.container_responses.add()
+    if isinstance(grant, CdiGrant):
+        for name in grant.names:
+            container.cdi_devices.add(name=name)
+        return reply.SerializeToString()
+    add = container.devices.add
     for g in grant:
         add(container_path=g.container_path, host_path=g.host_path, permissions=g.permissions)
     return reply.SerializeToString()

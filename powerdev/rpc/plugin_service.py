@@ -76,6 +76,7 @@ class PluginService(DevicePluginBase):
             grants = self._plugin.allocate(requests)
         except AllocationRefused as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
+        await trio_asyncio.trio_as_aio(self._plugin.prepare)()
         # Already encoded (in a worker thread): the door's codec sends bytes as they are.
         encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
         return encoded  # type: ignore[no-any-return]

@@ -1,6 +1,7 @@
 """What an admin applies: schemas, kustomize builds, least privilege, the image."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -316,3 +317,37 @@ def test_dockerignore_keeps_what_the_build_copies():
     for sources in copied:
         for source in sources.split():
             assert source not in ignored, source
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
+@pytest.mark.parametrize("overlay", ["deploy", "deploy/openshift"])
+def test_the_cdi_component_adds_its_mount_and_config_to_an_overlay(tmp_path, overlay):
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    kustomization = tmp_path / overlay / "kustomization.yaml"
+    doc = yaml.safe_load(kustomization.read_text())
+    doc["components"] = [os.path.relpath(tmp_path / "deploy" / "cdi", tmp_path / overlay)]
+    kustomization.write_text(yaml.safe_dump(doc))
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    docs = list(yaml.safe_load_all(done.stdout))
+    for doc in docs:
+        if doc["kind"] not in OPENSHIFT_KINDS:
+            kubernetes_validate.validate(doc, "1.35.0", strict=True)
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "POWERDEV_CDI_SPEC_DIR", "value": "/var/run/cdi"} in container["env"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "cdi-specs"]
+    assert mount["mountPath"] == "/var/run/cdi" and not mount.get("readOnly")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "cdi-specs"]
+    assert volume["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.json" in d["data"]]
+    from powerdev.config import parse_config
+
+    resource = parse_config(cm["data"]["config.json"], source="cdi").resources[0]
+    assert (resource.cdi, resource.device_gid, resource.device_mode) == (True, 6, 0o660)

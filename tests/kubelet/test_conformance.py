@@ -310,3 +310,25 @@ async def test_another_clients_stream_before_the_kubelets_is_not_taken_for_it(tm
             assert kubelet.resources[name].allocatable == 2
             other.close()
             nursery.cancel_scope.cancel()
+
+
+async def test_the_kubelet_passes_cdi_names_through_to_the_container(tmp_path, dmharness):
+    dev, config = pool(tmp_path, 2, cdi=True, **{"device-gid": 6, "device-mode": "0660"})
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev, "--cdi-spec-dir", str(specs)) as n:
+            await n.wait(2, 2)
+            admitted = await n.dm.call("admit", "p1", 1)
+            assert admitted["admitted"], admitted
+            options = admitted["runopts"]
+            assert options["devices"] == []  # the runtime makes the nodes from the spec
+            assert options["cdi_devices"] == [
+                "power-dev-plugin/dev=pool.d0",
+                "power-dev-plugin/dev=pool.d1",
+            ]
+            assert (specs / "power-dev-plugin-dev.json").exists()
+            restarted = await n.dm.call("restart", 2, 10000)
+            assert restarted["capacity_back"]
+            after = await n.dm.call("runopts", "p1")  # from the checkpoint
+            assert after["runopts"]["cdi_devices"] == options["cdi_devices"]

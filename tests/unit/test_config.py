@@ -5,6 +5,7 @@ import pytest
 from powerdev.config import (
     DEFAULT_RESOURCE_NAME,
     DEFAULT_SOCKET_NAME,
+    KNOWN_FIELDS,
     ConfigError,
     load_config,
     normalize_permissions,
@@ -155,9 +156,17 @@ def test_unknown_fields_warn_and_do_not_fail():
     config = parse_config('{"debug": true}', source="c.json")
     assert config.resources[0] == parse_config("{}", source="c.json").resources[0]
     assert config.warnings == (
-        "c.json: field 'debug' is not known and is ignored; known fields: nx-gzip, "
-        "permissions, include-devices, exclude-devices, discovery-strategy, scan-interval, "
-        "upper-limit, allow-host-used-devices",
+        "c.json: field 'debug' is not known and is ignored; known fields: "
+        + ", ".join(KNOWN_FIELDS),
+    )
+    assert KNOWN_FIELDS[:7] == (  # the seed's fields, all of them
+        "nx-gzip",
+        "permissions",
+        "include-devices",
+        "exclude-devices",
+        "discovery-strategy",
+        "scan-interval",
+        "upper-limit",
     )
 
 
