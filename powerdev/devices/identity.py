@@ -1,0 +1,222 @@
+"""What a device is, apart from its name and number: its identity.
+
+A kernel name (dm-3, sdb, loop7) and a device number change across reboots,
+rescans and re-attachments; a multipath map's DM UUID, a disk's WWN or serial
+number and a loop device's backing file do not. This module reads them from a
+sysfs tree and, when given, udev's database directory (/run/udev/data), and
+turns an identity into a device ID for the kubelet. It also reads the
+properties a config may match on and the NUMA node the kernel reports.
+Everything is a plain function of the directories passed in; nothing raises
+on a missing or unreadable file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+Number = tuple[int, int]  # major, minor
+
+MAX_ID_LENGTH = 63
+_HASH_LENGTH = 12
+_KINDS = {"b": "block", "block": "block", "c": "char", "char": "char"}
+_NOT_ALLOWED = re.compile(r"[^A-Za-z0-9._-]")
+# The first part of a device ID, by identity source. The sysfs and udev forms
+# of a WWN or serial differ in format, so they are kept apart.
+_ID_PREFIXES = {
+    "DM_UUID": "dm-uuid",
+    "WWID": "wwid",
+    "ID_WWN": "wwn",
+    "SERIAL": "sys-serial",
+    "ID_SERIAL": "serial",
+    "LOOP_BACKING_FILE": "loop-file",
+}
+
+
+def _kind_dir(kind: str) -> str:
+    try:
+        return _KINDS[kind]
+    except KeyError:
+        raise ValueError(f"device kind {kind!r} is not one of b, c, block, char") from None
+
+
+def _read(path: Path) -> str | None:
+    """A sysfs or udev file's text, stripped; None if absent, unreadable or empty."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    text = data.decode("utf-8", "surrogateescape").strip()
+    return text or None
+
+
+def _key_values(text: str | None) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key:
+            found[key] = value
+    return found
+
+
+def sysfs_dir(sys_root: Path, kind: str, number: Number) -> Path | None:
+    """The device's directory: sys_root/dev/{block|char}/MAJ:MIN resolved
+    (a link into sys_root/devices/...); None if absent."""
+    link = sys_root / "dev" / _kind_dir(kind) / f"{number[0]}:{number[1]}"
+    try:
+        where = link.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return where if where.is_dir() else None
+
+
+def _udev_properties(udev_data: Path | None, kind: str, number: Number) -> dict[str, str]:
+    """The E: lines of udev's database file for the device (udev_data/b8:0, c1:3)."""
+    if udev_data is None:
+        return {}
+    letter = _kind_dir(kind)[0]
+    text = _read(udev_data / f"{letter}{number[0]}:{number[1]}")
+    found: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        if line.startswith("E:"):
+            key, sep, value = line[2:].partition("=")
+            if sep and key:
+                found[key] = value
+    return found
+
+
+def _sysfs_properties(where: Path) -> dict[str, str]:
+    found = _key_values(_read(where / "uevent"))
+    try:
+        found["SUBSYSTEM"] = os.path.basename(os.readlink(where / "subsystem"))
+    except OSError:
+        pass
+    for key, name in (("DM_NAME", "name"), ("DM_UUID", "uuid")):
+        value = _read(where / "dm" / name)
+        if value is not None:
+            found[key] = value
+    return found
+
+
+def properties(sys_root: Path, udev_data: Path | None, kind: str, number: Number) -> dict[str, str]:
+    """Properties as udev records them, for matching.
+
+    From sysfs: the device's uevent file (MAJOR, MINOR, DEVNAME, DEVTYPE,
+    PARTN...), SUBSYSTEM from its `subsystem` link, and for dm devices DM_NAME
+    and DM_UUID from dm/name and dm/uuid. Then, when udev_data is given, every
+    E:KEY=VALUE line of udev's database file for the device, which wins over
+    sysfs. Absent or unreadable files leave their properties out.
+    """
+    found: dict[str, str] = {}
+    where = sysfs_dir(sys_root, kind, number)
+    if where is not None:
+        found.update(_sysfs_properties(where))
+    found.update(_udev_properties(udev_data, kind, number))
+    return found
+
+
+def _number_of(where: Path) -> Number | None:
+    major, sep, minor = (_read(where / "dev") or "").partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        return None
+    return int(major), int(minor)
+
+
+def _whole_identity(where: Path, udev: dict[str, str]) -> tuple[str, str] | None:
+    """The identity of a whole device (not a partition), sysfs before udev
+    within each kind: sysfs is there from the kernel's add event on, while
+    udev's database is written a moment later, and a device's ID must not
+    change when it appears."""
+    candidates = (
+        ("DM_UUID", _read(where / "dm" / "uuid")),
+        ("DM_UUID", udev.get("DM_UUID")),
+        # SCSI reports the WWID on the SCSI device, NVMe on the namespace's disk.
+        ("WWID", _read(where / "wwid") or _read(where / "device" / "wwid")),
+        ("ID_WWN", udev.get("ID_WWN_WITH_EXTENSION") or udev.get("ID_WWN")),
+        # virtio-blk reports a serial on the disk, NVMe on the controller.
+        ("SERIAL", _read(where / "serial") or _read(where / "device" / "serial")),
+        ("ID_SERIAL", udev.get("ID_SERIAL")),
+        ("LOOP_BACKING_FILE", _read(where / "loop" / "backing_file")),
+    )
+    for source, value in candidates:
+        if value and value.strip():
+            return source, value.strip()
+    return None
+
+
+def identity(
+    sys_root: Path, udev_data: Path | None, kind: str, number: Number
+) -> tuple[str, str] | None:
+    """What the block device is, as (source, value), or None.
+
+    In order: DM_UUID (sysfs dm/uuid, then udev), the WWN (sysfs `wwid` of
+    the disk or its SCSI device as "WWID", then udev's ID_WWN), the serial
+    (sysfs `serial` of the disk or its device as "SERIAL", then udev's
+    ID_SERIAL), and a loop device's backing file ("LOOP_BACKING_FILE").
+    A partition is its disk's identity plus "-part<PARTN>". Character
+    devices have no identity; empty values count as absent.
+    """
+    if _kind_dir(kind) != "block":
+        return None
+    where = sysfs_dir(sys_root, kind, number)
+    if where is None:
+        return None
+    uevent = _key_values(_read(where / "uevent"))
+    if uevent.get("DEVTYPE") == "partition" or (where / "partition").exists():
+        partn = uevent.get("PARTN") or _read(where / "partition")
+        parent = where.parent
+        parent_number = _number_of(parent)
+        if not partn or parent_number is None:
+            return None
+        whole = _whole_identity(parent, _udev_properties(udev_data, kind, parent_number))
+        if whole is None:
+            return None
+        return whole[0], f"{whole[1]}-part{partn}"
+    return _whole_identity(where, _udev_properties(udev_data, kind, number))
+
+
+def identity_id(source: str, value: str) -> str:
+    """A device ID from an identity: at most 63 characters of [A-Za-z0-9._-].
+
+    ("DM_UUID", "mpath-3600a...") -> "dm-uuid.mpath-3600a...". A value used
+    as it is keeps the ID readable; one that had to be changed (a path's "/"
+    become ".", other characters become "_") could meet another value changed
+    the same way, so its ID ends with "-" and 12 hex digits of a sha256 of
+    source and value, as does an ID cut to fit 63 characters.
+    """
+    prefix = _ID_PREFIXES.get(source) or _NOT_ALLOWED.sub("-", source.lower()) or "id"
+    shown = _NOT_ALLOWED.sub("_", value.lstrip("/").replace("/", "."))
+    readable = f"{prefix}.{shown}"
+    if shown == value and len(readable) <= MAX_ID_LENGTH:
+        return readable
+    whole = f"{source}\0{value}".encode("utf-8", "surrogateescape")
+    digest = hashlib.sha256(whole).hexdigest()[:_HASH_LENGTH]
+    head = readable[: MAX_ID_LENGTH - _HASH_LENGTH - 1]
+    return f"{head}-{digest}"
+
+
+def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
+    """The NUMA node the kernel reports for the device: the first `numa_node`
+    file found from the device's sysfs directory up through its parents (a
+    disk's is on its PCI controller), within sys_root/devices. None when the
+    value is -1 (unknown), absent or unreadable."""
+    where = sysfs_dir(sys_root, kind, number)
+    if where is None:
+        return None
+    try:
+        top = (sys_root / "devices").resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    while where != top and where.is_relative_to(top):
+        path = where / "numa_node"
+        if path.exists():
+            text = _read(path)
+            try:
+                node = int(text) if text is not None else -1
+            except ValueError:
+                return None
+            return node if node >= 0 else None
+        where = where.parent
+    return None
