@@ -1,18 +1,22 @@
 """What the kubelet is told: advertised units, Allocate answers, preferences.
 
-Plain functions over plain data. Every grant carries every healthy device of
-the resource, as the seed does: the resource is a ticket to the devices, and
-its units count how many containers may hold one at once.
+Plain functions over plain data. Two allocation modes:
 
-- upper-limit 0 (the seed's default): one unit per device, with the device's
-  ID and health, so capacity equals the device count as with the seed.
-- upper-limit N: N units `share-1` .. `share-N`, Healthy while the resource
-  has at least one healthy device. The kubelet's own accounting then allows
-  at most N containers at once, and a unit comes back when its pod ends.
+- "all" (the seed's): every grant carries every healthy device of the
+  resource: the resource is a ticket to the devices, and its units count how
+  many containers may hold one at once. upper-limit 0: one unit per device,
+  with the device's ID and health, so capacity equals the device count as
+  with the seed; upper-limit N: N units `share-1` .. `share-N`, Healthy while
+  the resource has at least one healthy device.
+- "each": a unit is one device (every name of it: /dev/dm-3 and its
+  /dev/mapper link share an identity, so they are one unit), and a grant
+  carries exactly the devices the kubelet chose. GetPreferredAllocation
+  keeps a container's devices on one NUMA node where it can.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +27,7 @@ from powerdev.devices.model import Device
 class Unit:
     id: str
     healthy: bool
+    numa: int | None = None  # reported as the device's topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +48,12 @@ class AllocationRefused(ValueError):
     """A request the plugin must refuse; str() says which ID and why."""
 
 
-def units(devices: Sequence[Device], upper_limit: int) -> tuple[Unit, ...]:
+def units(devices: Sequence[Device], upper_limit: int, mode: str = "all") -> tuple[Unit, ...]:
+    if mode == "each":
+        by_id = by_unit(devices)
+        return tuple(Unit(i, all(d.healthy for d in ds), ds[0].numa) for i, ds in by_id.items())
     if upper_limit <= 0:
-        return tuple(Unit(d.id, d.healthy) for d in devices)
+        return tuple(Unit(d.id, d.healthy, d.numa) for d in devices)
     any_healthy = any(d.healthy for d in devices)
     return tuple(Unit(f"share-{i}", any_healthy) for i in range(1, upper_limit + 1))
 
@@ -65,9 +73,71 @@ def check_request(ids: Sequence[str], advertised: dict[str, Unit]) -> None:
             )
 
 
+def by_unit(devices: Sequence[Device]) -> dict[str, list[Device]]:
+    """Devices grouped by ID: in "each" mode, every name of one device."""
+    grouped: dict[str, list[Device]] = {}
+    for device in devices:
+        grouped.setdefault(device.id, []).append(device)
+    return grouped
+
+
+def grant_chosen(
+    by_id: dict[str, list[Device]], ids: Sequence[str], permissions: str
+) -> tuple[DeviceGrant, ...]:
+    """ "each": the devices the kubelet chose, every name of each."""
+    return tuple(
+        DeviceGrant(d.path, d.path, permissions)
+        for unit_id in dict.fromkeys(ids)
+        for d in by_id.get(unit_id, ())
+    )
+
+
 def grant(devices: Sequence[Device], permissions: str) -> tuple[DeviceGrant, ...]:
     """Every healthy device, at the same path in the container, with the permissions."""
     return tuple(DeviceGrant(d.path, d.path, permissions) for d in devices if d.healthy)
+
+
+def natural_key(text: str) -> tuple[object, ...]:
+    """loop4 < loop5 < loop42: digits compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def preferred_on_one_node(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    numa_of: dict[str, int | None],
+) -> list[str]:
+    """ "each": the must-include IDs, then devices on one NUMA node where one
+    node has enough (the must-include devices' node first, then the node with
+    the most), then the rest, each in natural order. O(n log n)."""
+    chosen = list(dict.fromkeys(must_include))
+    if len(chosen) >= size:
+        return chosen
+    taken = set(chosen)
+    by_node: dict[int | None, list[str]] = {}
+    for unit_id in dict.fromkeys(available):
+        if unit_id not in taken:
+            by_node.setdefault(numa_of.get(unit_id), []).append(unit_id)
+    need = size - len(chosen)
+    wanted_nodes = {numa_of.get(i) for i in chosen} - {None}
+
+    def rank(node: int | None) -> tuple[object, ...]:
+        count = len(by_node[node])
+        return (
+            node not in wanted_nodes,
+            count < need,
+            node is None,
+            -count,
+            -1 if node is None else node,
+        )
+
+    for node in sorted(by_node, key=rank):
+        for unit_id in sorted(by_node[node], key=natural_key):
+            if len(chosen) == size:
+                return chosen
+            chosen.append(unit_id)
+    return chosen
 
 
 def preferred(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:

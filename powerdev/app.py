@@ -21,7 +21,7 @@ from typing import Protocol
 import trio
 
 from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriter
-from powerdev.config import Config
+from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
 from powerdev.devices.hostuse_events import HostUseEvents
@@ -52,6 +52,10 @@ class Settings:
     # None: this process's own, which is the host's when not in a container.
     host_mountinfo: Path | None = None
     cdi_spec_dir: Path = Path(DEFAULT_SPEC_DIR)  # where CDI-mode resources write their spec
+    udev_data: Path | None = None  # udev's database (/run/udev/data), for properties and identities
+    # The flat config form's resource and socket names (the command line's).
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    socket_name: str = DEFAULT_SOCKET_NAME
 
     @property
     def mountinfo(self) -> Path:
@@ -110,78 +114,139 @@ async def run(
     """Serve every resource of `config` until cancelled. Device events come
     from `events`, or from a netlink monitor chosen by settings.uevents and
     inotify on the device directories. With settings.config_path, config
-    changes (inotify, SIGHUP) are applied as they come. started() once every
-    resource is serving (so not while the kubelet is absent)."""
+    changes (inotify, SIGHUP) are applied as they come, resources added and
+    removed included. started() with the running resources once each is
+    serving (so not while the kubelet is absent)."""
     for warning in config.warnings:
         log.warning("%s", warning)
-    status = StatusFile(settings.status_file)
-    plugins = []
-    for resource in config.resources:
+    with contextlib.ExitStack() as stack:
+        dirs = None
+        if events is not None:
+            sources = [events]
+        else:
+            dirs = stack.enter_context(DirEvents(settings.dev_root, []))
+            host_use = stack.enter_context(
+                HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
+            )
+            sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            running = Running(settings, nursery, sources, dirs)
+            # The sources are live before the first scan: nothing falls between them.
+            plugins = [await running.prepare(resource) for resource in config.resources]
+            if dirs is not None:
+                log.info("watching %s for device nodes and links", ", ".join(dirs.watched))
+            for source in sources:
+                nursery.start_soon(_follow, source, running.plugins, nursery)
+            if settings.config_path is not None:
+                reloader = Reloader(settings, running, loaded=config.raw)
+                await nursery.start(reloader.run)
+            for plugin in plugins:
+                await running.start(plugin, wait=True)
+            task_status.started(running.plugins)
+
+
+class Running:
+    """The resources being served now, each in its own cancel scope, so that a
+    reload can add one (scan, serve, register), remove one (its server stops
+    and its socket goes) or change one, and leave the others alone."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        nursery: trio.Nursery,
+        sources: list[EventSource],
+        dirs: DirEvents | None,
+    ) -> None:
+        self.settings = settings
+        self.plugins: list[Plugin] = []  # shared with every follower of device events
+        self._nursery = nursery
+        self._sources = sources
+        self._dirs = dirs
+        self._status = StatusFile(settings.status_file)
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._applied = trio.Event()
+
+    async def prepare(self, resource: ResourceConfig) -> Plugin:
+        """A resource's plugin, scanned and followed, not yet served."""
+        settings = self.settings
         inventory = Inventory()
         tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
         tracker.guard = HostUseGuard(
             settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS
         )
         tracker.allow_host_used = resource.allow_host_used
-        plugins.append(Plugin(resource, inventory, tracker))
-    with contextlib.ExitStack() as stack:
-        dirs = None
-        if events is not None:
-            sources = [events]
-        else:
-            dirs = stack.enter_context(DirEvents(settings.dev_root, _levels(plugins)))
-            log.info("watching %s for device nodes and links", ", ".join(dirs.watched))
-            host_use = stack.enter_context(
-                HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
-            )
-            sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
-        for pattern, where in missing_directories(
-            (p for x in plugins for p in x.resource.include), settings.dev_root
-        ):
+        tracker.udev_data = settings.udev_data
+        plugin = Plugin(resource, inventory, tracker)
+        plugin.refresh = self.refresh
+        for pattern, where in missing_directories(resource.include, settings.dev_root):
             log.warning(
-                "include-devices pattern %r can match nothing yet: %s does not exist "
+                "%s: include-devices pattern %r can match nothing yet: %s does not exist "
                 "(it is watched, and its devices are found if it appears)",
+                resource.name,
                 pattern,
                 where,
             )
-        # The sources are live before the first scan: nothing falls between them.
-        for plugin in plugins:
-            await scan(plugin)
-            if not plugin.inventory.current.devices:
-                _log_devices(plugin)
-        async with asyncio_door(), trio.open_nursery() as nursery:
-            applied = trio.Event()
+        self.plugins.append(plugin)
+        self._watch()
+        await scan(plugin)
+        if not plugin.inventory.current.devices:
+            _log_devices(plugin)
+        return plugin
 
-            def on_applied() -> None:
-                nonlocal applied
-                if dirs is not None:
-                    dirs.watch(_levels(plugins))
-                applied.set()
-                applied = trio.Event()
+    async def start(self, plugin: Plugin, *, wait: bool) -> None:
+        """Serve and register it; with wait, return once it is serving."""
+        if wait:
+            await self._nursery.start(self._serve, plugin)
+        else:
+            self._nursery.start_soon(self._serve, plugin)
 
-            def refresh() -> None:
-                for source in sources:
-                    batch = source.ready_batch()
-                    if batch:
-                        _apply(batch, plugins, nursery)
+    async def add(self, resource: ResourceConfig) -> None:
+        log.info("%s: a new resource in the config: serving it", resource.name)
+        await self.start(await self.prepare(resource), wait=False)
 
-            for plugin in plugins:
-                plugin.refresh = refresh
-                writer = SpecWriter(settings.cdi_spec_dir)
-                plugin.prepare = partial(_write_spec, writer, plugin)
-                nursery.start_soon(_keep_spec, writer, plugin)
-            for source in sources:
-                nursery.start_soon(_follow, source, plugins, nursery)
-            for plugin in plugins:
-                nursery.start_soon(_rescan_every, plugin, lambda: applied)
-            if settings.config_path is not None:
-                reloader = Reloader(
-                    settings.config_path, plugins, scan, on_applied, loaded=config.raw
-                )
-                await nursery.start(reloader.run)
-            for plugin in plugins:
-                await nursery.start(serve_resource, settings.plugin_dir, plugin, status)
-            task_status.started(plugins)
+    def remove(self, plugin: Plugin) -> None:
+        name = plugin.resource.name
+        log.info("%s: gone from the config: stopping it and removing its socket", name)
+        self.plugins.remove(plugin)
+        scope = self._scopes.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+        self._status.forget(name)
+        self._watch()
+
+    async def rescan(self, plugin: Plugin) -> None:
+        await scan(plugin)
+
+    def changed(self) -> None:
+        """A config was applied: watch what the patterns name now; wake the
+        rescan timers, whose interval may have changed."""
+        self._watch()
+        self._applied.set()
+        self._applied = trio.Event()
+
+    def refresh(self) -> None:
+        """Apply every device event queued now, without waiting (Allocate does this first)."""
+        for source in self._sources:
+            batch = source.ready_batch()
+            if batch:
+                _apply(batch, self.plugins, self._nursery)
+
+    def _watch(self) -> None:
+        if self._dirs is not None:
+            self._dirs.watch(_levels(self.plugins))
+
+    async def _serve(
+        self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        writer = SpecWriter(self.settings.cdi_spec_dir)
+        plugin.prepare = partial(_write_spec, writer, plugin)
+        with trio.CancelScope() as scope:
+            self._scopes[plugin.resource.name] = scope
+            async with trio.open_nursery() as resource:
+                resource.start_soon(_keep_spec, writer, plugin)
+                resource.start_soon(_rescan_every, plugin, lambda: self._applied)
+                await resource.start(serve_resource, self.settings.plugin_dir, plugin, self._status)
+                task_status.started()
 
 
 def _open_netlink(wanted: str, stack: contextlib.ExitStack) -> list[EventSource]:

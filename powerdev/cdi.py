@@ -49,7 +49,7 @@ def device_name(device_id: str) -> str:
 def qualified_names(resource: ResourceConfig, devices: tuple[Device, ...]) -> tuple[str, ...]:
     """What Allocate answers in CDI mode: every healthy device, fully qualified."""
     kind = kind_for(resource.name)
-    return tuple(f"{kind}={device_name(d.id)}" for d in devices if d.healthy)
+    return tuple(dict.fromkeys(f"{kind}={device_name(d.id)}" for d in devices if d.healthy))
 
 
 def spec_path(spec_dir: Path, resource_name: str) -> Path:
@@ -57,7 +57,7 @@ def spec_path(spec_dir: Path, resource_name: str) -> Path:
 
 
 def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[str, object]:
-    entries = []
+    entries: dict[str, list[dict[str, object]]] = {}  # one CDI device per ID, every name of it
     for device in devices:
         if not device.healthy:
             continue  # not the device the kubelet handed out under that ID
@@ -75,8 +75,15 @@ def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[st
             node["gid"] = resource.device_gid
         if resource.device_mode is not None:
             node["fileMode"] = resource.device_mode
-        entries.append({"name": device_name(device.id), "containerEdits": {"deviceNodes": [node]}})
-    return {"cdiVersion": CDI_VERSION, "kind": kind_for(resource.name), "devices": entries}
+        entries.setdefault(device_name(device.id), []).append(node)
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind_for(resource.name),
+        "devices": [
+            {"name": name, "containerEdits": {"deviceNodes": nodes}}
+            for name, nodes in entries.items()
+        ],
+    }
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(run)
     run.add_argument(
+        "--udev-data",
+        type=Path,
+        default=Path(_env("UDEV_DATA", "/run/udev/data")),
+        help="udev's database, for match-properties and device identities; read only "
+        "when it exists [env POWERDEV_UDEV_DATA; default /run/udev/data]",
+    )
+    run.add_argument(
         "--cdi-spec-dir",
         type=Path,
         default=Path(_env("CDI_SPEC_DIR", "/var/run/cdi")),
@@ -233,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                 config_path=args.config,
                 host_mountinfo=args.host_mountinfo,
                 cdi_spec_dir=args.cdi_spec_dir,
+                udev_data=args.udev_data if args.udev_data.is_dir() else None,
+                resource_name=args.resource_name,
+                socket_name=args.socket_name,
             )
             steps = stepwatch.from_environment()
             try:

@@ -42,7 +42,12 @@ KNOWN_FIELDS = (
     "device-uid",
     "device-gid",
     "device-mode",
+    "allocation",
+    "match-properties",
 )
+ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has these
+ALLOCATIONS = ("all", "each")
+MAX_RESOURCES = 32  # each is a socket, a registration and a stream
 
 
 class ConfigError(ValueError):
@@ -71,6 +76,9 @@ class ResourceConfig:
     device_uid: int | None = None  # owner, group and mode of the node in the container (CDI)
     device_gid: int | None = None
     device_mode: int | None = None
+    allocation: str = "all"  # "all": every grant carries every device; "each": the ones chosen
+    # (udev property, globs): a device must match one glob of every property
+    match_properties: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,16 +220,59 @@ def parse_config(
             'write an object such as {"permissions": "rw"}',
         )
 
+    if "resources" not in data:  # the seed's flat form: one resource, named on the command line
+        problem = resource_name_problem(resource_name)
+        if problem:
+            raise ConfigError(
+                "--resource-name",
+                None,
+                f"{resource_name!r}: {problem}",
+                f"use a name such as {DEFAULT_RESOURCE_NAME}",
+            )
+        if not socket_name or "/" in socket_name:
+            raise ConfigError(
+                "--socket-name",
+                None,
+                f"{socket_name!r} is not a bare file name",
+                f"use a file name such as {DEFAULT_SOCKET_NAME}",
+            )
+        res, warnings = _resource_fields(data, source, "")
+        _check_mode(res, source, "")
+        resource = ResourceConfig(name=resource_name, socket=socket_name, **res)  # type: ignore[arg-type]
+        return Config(source=source, resources=(resource,), warnings=warnings)
+    return _parse_resources(data, source)
+
+
+def _resource_fields(
+    data: dict[str, object], source: str, prefix: str
+) -> tuple[dict[str, object], tuple[str, ...]]:
+    """The ResourceConfig fields one JSON object sets, and warnings about it.
+    `prefix` names the object in messages ("resources[1]." or "")."""
+
     def want(key: str, kind: type | tuple[type, ...], example: str) -> object:
         value = data[key]
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise ConfigError(
-                source, key, f"is a JSON {_json_type(value)}", f"write it as {example}"
+                source, prefix + key, f"is a JSON {_json_type(value)}", f"write it as {example}"
             )
         return value
 
     res: dict[str, object] = {}
+    if "allocation" in data:
+        allocation = want("allocation", str, '"all" or "each"')
+        if allocation not in ALLOCATIONS:
+            raise ConfigError(
+                source,
+                prefix + "allocation",
+                f"{allocation!r} is not an allocation mode",
+                'use "all" (every grant carries every device) or "each" (one device a unit)',
+            )
+        res["allocation"] = allocation
+    if "match-properties" in data:
+        res["match_properties"] = _match_properties(
+            want("match-properties", dict, '{"DM_UUID": "mpath-*"}'), source, prefix
+        )
     if "nx-gzip" in data:
         res["nx_gzip"] = want("nx-gzip", bool, "true or false")
     if "cdi" in data:
@@ -232,7 +283,7 @@ def parse_config(
             if not 0 <= number < 2**31:
                 raise ConfigError(
                     source,
-                    key,
+                    prefix + key,
                     f"{number} is not a uid or gid",
                     "use a number from 0 to 2147483647",
                 )
@@ -242,7 +293,7 @@ def parse_config(
         if not re.fullmatch(r"0?[0-7]{3}", mode):
             raise ConfigError(
                 source,
-                "device-mode",
+                prefix + "device-mode",
                 f"{mode!r} is not an octal file mode",
                 'write it as three or four octal digits, such as "0660"',
             )
@@ -251,7 +302,7 @@ def parse_config(
     if cdi_only and not res.get("cdi"):
         raise ConfigError(
             source,
-            cdi_only[0],
+            prefix + cdi_only[0],
             "applies only to CDI answers (a DeviceSpec carries no owner, group or mode)",
             'set "cdi": true, or remove it',
         )
@@ -265,7 +316,7 @@ def parse_config(
             except ValueError as err:
                 raise ConfigError(
                     source,
-                    "permissions",
+                    prefix + "permissions",
                     f"{raw!r}: {err}",
                     'use one or more of r, w, m, such as "rw"',
                 ) from None
@@ -277,7 +328,7 @@ def parse_config(
                 if not isinstance(item, str):
                     raise ConfigError(
                         source,
-                        f"{key}[{i}]",
+                        f"{prefix}{key}[{i}]",
                         f"is a JSON {_json_type(item)}",
                         'write each pattern as a string, like "/dev/sd*"',
                     )
@@ -286,7 +337,10 @@ def parse_config(
                 problem = pattern_problem(item.strip(), include=key == "include-devices")
                 if problem:
                     raise ConfigError(
-                        source, f"{key}[{i}]", f"{item!r}: {problem}", "fix or remove the pattern"
+                        source,
+                        f"{prefix}{key}[{i}]",
+                        f"{item!r}: {problem}",
+                        "fix or remove the pattern",
                     )
                 patterns.append(item.strip())
             res[attr] = tuple(dict.fromkeys(patterns))
@@ -295,7 +349,7 @@ def parse_config(
         if strategy not in STRATEGIES:
             raise ConfigError(
                 source,
-                "discovery-strategy",
+                prefix + "discovery-strategy",
                 f"{strategy!r} is not a strategy",
                 'use "default" (events) or "time" (events plus periodic rescans)',
             )
@@ -311,14 +365,14 @@ def parse_config(
             except ValueError as err:
                 raise ConfigError(
                     source,
-                    "scan-interval",
+                    prefix + "scan-interval",
                     f"{raw!r}: {err}",
                     'write a duration such as "30s", "10m" or "2h"',
                 ) from None
         if not seconds >= MIN_SCAN_INTERVAL:  # also refuses NaN
             raise ConfigError(
                 source,
-                "scan-interval",
+                prefix + "scan-interval",
                 f"{raw!r} is shorter than the minimum of {MIN_SCAN_INTERVAL:g}s"
                 + (
                     " (a bare number is nanoseconds, as Go reads it)"
@@ -333,49 +387,211 @@ def parse_config(
         if limit < 0:
             raise ConfigError(
                 source,
-                "upper-limit",
+                prefix + "upper-limit",
                 f"{limit} is negative",
                 "use 0 for no limit or a positive number of pods",
             )
         if limit > MAX_UPPER_LIMIT:
             raise ConfigError(
                 source,
-                "upper-limit",
+                prefix + "upper-limit",
                 f"{limit} is above the most powerdev advertises, {MAX_UPPER_LIMIT}",
                 f"use at most {MAX_UPPER_LIMIT} (a node runs a few hundred pods at most; "
                 "the kubelet's 4 MiB message limit allows about 200,000 units)",
             )
         res["upper_limit"] = limit
 
-    problem = resource_name_problem(resource_name)
-    if problem:
-        raise ConfigError(
-            "--resource-name",
-            None,
-            f"{resource_name!r}: {problem}",
-            f"use a name such as {DEFAULT_RESOURCE_NAME}",
-        )
-    if not socket_name or "/" in socket_name:
-        raise ConfigError(
-            "--socket-name",
-            None,
-            f"{socket_name!r} is not a bare file name",
-            f"use a file name such as {DEFAULT_SOCKET_NAME}",
-        )
+    known = (*KNOWN_FIELDS, *ENTRY_FIELDS) if prefix else KNOWN_FIELDS
     for key in data:
-        meant = _close_field(key) if key not in KNOWN_FIELDS else None
+        meant = _close_field(key) if key not in known else None
         if meant is not None:
             raise ConfigError(
-                source, key, "is not a known field", f"did you mean {meant!r}? Rename it"
+                source, prefix + key, "is not a known field", f"did you mean {meant!r}? Rename it"
             )
     warnings = tuple(
-        f"{source}: field {key!r} is not known and is ignored; known fields: "
+        f"{source}: field {prefix + key!r} is not known and is ignored; known fields: "
         + ", ".join(KNOWN_FIELDS)
         for key in data
-        if key not in KNOWN_FIELDS
+        if key not in known
     )
-    resource = ResourceConfig(name=resource_name, socket=socket_name, **res)  # type: ignore[arg-type]
-    return Config(source=source, resources=(resource,), warnings=warnings)
+    return res, warnings
+
+
+def _match_properties(
+    table: dict[str, object], source: str, prefix: str
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    field_name = prefix + "match-properties"
+    matched = []
+    for key, value in table.items():
+        globs = [value] if isinstance(value, str) else value
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+            raise ConfigError(
+                source,
+                f"{field_name}.{key}",
+                "is not a udev property name",
+                "use names such as DM_UUID, ID_WWN, ID_SERIAL, ID_MODEL",
+            )
+        if not isinstance(globs, list) or not globs or not all(isinstance(g, str) for g in globs):
+            raise ConfigError(
+                source,
+                f"{field_name}.{key}",
+                f"is a JSON {_json_type(value)}",
+                'write a glob string, or a list of them, such as "mpath-*"',
+            )
+        for glob in globs:
+            problem = gomatch.problem(glob)
+            if problem:
+                raise ConfigError(
+                    source, f"{field_name}.{key}", f"{glob!r}: {problem}", "fix the glob"
+                )
+        matched.append((key, tuple(globs)))
+    return tuple(sorted(matched))
+
+
+def _check_mode(res: dict[str, object], source: str, prefix: str) -> None:
+    if res.get("allocation") == "each" and res.get("upper_limit", 0):
+        raise ConfigError(
+            source,
+            prefix + "upper-limit",
+            'shares units out, and "allocation": "each" gives one device a unit',
+            'remove upper-limit, or use "allocation": "all"',
+        )
+
+
+def _parse_resources(data: dict[str, object], source: str) -> Config:
+    """The form with several named resources: {"resources": [{...}, ...]}."""
+    entries = data["resources"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(
+            source,
+            "resources",
+            f"is a JSON {_json_type(entries)}" if not isinstance(entries, list) else "is empty",
+            'write a list of resources, such as [{"name": "power-dev-plugin/lun", ...}]',
+        )
+    if len(entries) > MAX_RESOURCES:
+        raise ConfigError(
+            source,
+            "resources",
+            f"lists {len(entries)} resources, more than {MAX_RESOURCES}",
+            "merge resources that hand out the same devices",
+        )
+    stray = [k for k in data if k != "resources"]
+    if stray:
+        raise ConfigError(
+            source,
+            stray[0],
+            'is beside "resources"',
+            'move it into each resource of the "resources" list',
+        )
+    resources: list[ResourceConfig] = []
+    warnings: list[str] = []
+    for i, entry in enumerate(entries):
+        prefix = f"resources[{i}]."
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                source,
+                f"resources[{i}]",
+                f"is a JSON {_json_type(entry)}",
+                'write each resource as an object with a "name"',
+            )
+        name = entry.get("name")
+        if not isinstance(name, str) or resource_name_problem(name):
+            why = resource_name_problem(name) if isinstance(name, str) else "it is missing"
+            raise ConfigError(
+                source,
+                prefix + "name",
+                f"{name!r}: {why}",
+                "name each resource as an extended resource, such as power-dev-plugin/lun",
+            )
+        socket = entry.get("socket", default_socket(name))
+        if not isinstance(socket, str) or not socket or "/" in socket:
+            raise ConfigError(
+                source,
+                prefix + "socket",
+                f"{socket!r} is not a bare file name",
+                "use a file name such as lun.sock, or leave it out",
+            )
+        res, more = _resource_fields(entry, source, prefix)
+        _check_mode(res, source, prefix)
+        warnings.extend(more)
+        resources.append(ResourceConfig(name=name, socket=socket, **res))  # type: ignore[arg-type]
+    for field_name, attr in (("name", "name"), ("socket", "socket")):
+        seen: dict[str, int] = {}
+        for i, resource in enumerate(resources):
+            value = getattr(resource, attr)
+            if value in seen:
+                raise ConfigError(
+                    source,
+                    f"resources[{i}].{field_name}",
+                    f"{value!r} is also the {field_name} of resources[{seen[value]}]",
+                    f"give each resource its own {field_name}",
+                )
+            seen[value] = i
+    _check_overlaps(resources, source)
+    return Config(source=source, resources=tuple(resources), warnings=tuple(warnings))
+
+
+def default_socket(resource_name: str) -> str:
+    """The socket file of a named resource: power-dev-plugin/lun -> power-dev-plugin-lun.sock."""
+    return resource_name.replace("/", "-") + ".sock"
+
+
+def _check_overlaps(resources: list[ResourceConfig], source: str) -> None:
+    """A device may belong to one resource only: refuse patterns of two
+    resources that can match one path, unless exclude patterns or udev
+    properties keep them apart."""
+    for i, a in enumerate(resources):
+        for j in range(i + 1, len(resources)):
+            b = resources[j]
+            if _properties_disjoint(a, b):
+                continue
+            clash = _pattern_clash(a, b)
+            if clash:
+                raise ConfigError(
+                    source,
+                    f"resources[{j}].include-devices",
+                    f"{clash} of {b.name} can match the same device as {a.name}",
+                    "a device belongs to one resource only: narrow the patterns, add "
+                    "exclude-devices, or tell them apart with match-properties",
+                )
+
+
+def _pattern_clash(a: ResourceConfig, b: ResourceConfig) -> str | None:
+    if a.nx_gzip and b.nx_gzip:
+        return '"nx-gzip": true'
+    if not a.include or not b.include:
+        other = b if not a.include else a
+        if not a.include and not b.include:
+            return "block discovery (no include-devices)"
+        for pattern in other.include:
+            if posix_dirname(pattern) == "/dev":
+                return f"pattern {pattern!r} (block discovery lists /dev/* block devices)"
+        return None
+    for pa in a.include:
+        for pb in b.include:
+            if pb_excluded(pb, a) or pb_excluded(pa, b):
+                continue
+            if gomatch.overlap(pa, pb):
+                return f"pattern {pb!r} (and {pa!r})"
+    return None
+
+
+def pb_excluded(pattern: str, other: ResourceConfig) -> bool:
+    """A literal path that the other resource excludes cannot clash with it."""
+    return not gomatch.has_magic(pattern) and any(gomatch.match(x, pattern) for x in other.exclude)
+
+
+def posix_dirname(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def _properties_disjoint(a: ResourceConfig, b: ResourceConfig) -> bool:
+    """True when some property both resources match on has no value both accept."""
+    theirs = dict(b.match_properties)
+    for key, globs in a.match_properties:
+        if key in theirs and not any(gomatch.overlap(x, y) for x in globs for y in theirs[key]):
+            return True
+    return False
 
 
 def decode_config(data: bytes, source: str) -> str:

@@ -13,6 +13,7 @@ from powerdev import allocation, cdi
 from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
+from powerdev.devices.model import Device
 from powerdev.devices.tracker import Tracker
 
 
@@ -23,11 +24,13 @@ class Plugin:
         self.resource = resource
         self.inventory = inventory
         self.tracker = tracker  # keeps the inventory in step with the host (None in unit tests)
-        self._units_key: tuple[int, int] | None = None
+        self._units_key: tuple[object, ...] | None = None
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}
         self._grant_key: tuple[int, ResourceConfig] | None = None
         self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
+        self._by_unit: dict[str, list[Device]] = {}
+        self._by_unit_version = -1
         # Applies every device event the kernel has queued, without waiting:
         # Allocate calls it first, so a node removed a moment ago is never granted.
         self.refresh: Callable[[], None] = lambda: None
@@ -44,9 +47,11 @@ class Plugin:
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""
         snapshot = snapshot or self.inventory.current
-        key = (snapshot.version, self.resource.upper_limit)
+        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation)
         if key != self._units_key:
-            self._units = allocation.units(snapshot.devices, self.resource.upper_limit)
+            self._units = allocation.units(
+                snapshot.devices, self.resource.upper_limit, self.resource.allocation
+            )
             self._units_by_id = {u.id: u for u in self._units}
             self._units_key = key
         return self._units
@@ -61,6 +66,8 @@ class Plugin:
         self.units(snapshot)
         for ids in requests:
             allocation.check_request(ids, self._units_by_id)
+        if self.resource.allocation == "each":
+            return [self._chosen(snapshot, ids) for ids in requests]
         key = (snapshot.version, self.resource)
         if key != self._grant_key:
             if self.resource.cdi:
@@ -70,10 +77,31 @@ class Plugin:
             self._grant_key = key
         return [self._grant for _ in requests]
 
+    def _chosen(self, snapshot: Snapshot, ids: Sequence[str]) -> tuple[DeviceGrant, ...] | CdiGrant:
+        """ "each": exactly the devices the kubelet chose (every name of each)."""
+        if self._by_unit_version != snapshot.version:
+            self._by_unit = allocation.by_unit(snapshot.devices)
+            self._by_unit_version = snapshot.version
+        if self.resource.cdi:
+            devices = tuple(d for i in dict.fromkeys(ids) for d in self._by_unit.get(i, ()))
+            return CdiGrant(cdi.qualified_names(self.resource, devices))
+        return allocation.grant_chosen(self._by_unit, ids, self.resource.permissions)
+
+    @property
+    def prefers(self) -> bool:
+        """Does GetPreferredAllocation say something the kubelet would not choose?"""
+        return self.resource.allocation == "each"
+
     def preferred(
         self, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]
     ) -> list[list[str]]:
         """GetPreferredAllocation: (available, must_include, size) per container."""
+        if self.prefers:
+            numa_of = {u.id: u.numa for u in self.units()}
+            return [
+                allocation.preferred_on_one_node(avail, must, size, numa_of)
+                for avail, must, size in requests
+            ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
 
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -32,23 +31,34 @@ from powerdev.config import (
 from powerdev.configwatch import ConfigWatch
 from powerdev.plugin import Plugin
 
+if TYPE_CHECKING:
+    from powerdev.app import Settings
+
 log = logging.getLogger(__name__)
+
+
+class Resources(Protocol):
+    """What the supervisor offers a reload (app.Running)."""
+
+    plugins: list[Plugin]
+
+    async def rescan(self, plugin: Plugin) -> None: ...
+
+    async def add(self, resource: ResourceConfig) -> None: ...
+
+    def remove(self, plugin: Plugin) -> None: ...
+
+    def changed(self) -> None: ...
 
 
 class Reloader:
     def __init__(
-        self,
-        config_path: Path,
-        plugins: list[Plugin],
-        rescan: Callable[[Plugin], Awaitable[None]],
-        on_applied: Callable[[], None] = lambda: None,
-        *,
-        loaded: bytes | None = None,
+        self, settings: Settings, running: Resources, *, loaded: bytes | None = None
     ) -> None:
-        self.config_path = config_path
-        self.plugins = plugins
-        self._rescan = rescan
-        self._on_applied = on_applied
+        assert settings.config_path is not None
+        self.config_path = settings.config_path
+        self.settings = settings
+        self.running = running
         self._last_seen: bytes | None = loaded  # what the running config was read from
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -66,8 +76,8 @@ class Reloader:
                             self.config_path,
                         )
                         await self.reload()
-                        for plugin in self.plugins:
-                            await self._rescan(plugin)
+                        for plugin in list(self.running.plugins):
+                            await self.running.rescan(plugin)
 
                 nursery.start_soon(on_hangup)
                 while True:
@@ -90,24 +100,33 @@ class Reloader:
         if seen is None:
             log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
             return False
-        first = self.plugins[0].resource
         try:
             config = parse_config(
                 decode_config(seen, str(path)),
                 source=str(path),
-                resource_name=first.name,
-                socket_name=first.socket,
+                resource_name=self.settings.resource_name,
+                socket_name=self.settings.socket_name,
             )
         except ConfigError as err:
             log.error("config not applied, the last good one stays in force: %s", err)
             return False
         for warning in config.warnings:
             log.warning("%s", warning)
-        for plugin, resource in zip(self.plugins, config.resources, strict=True):
+        wanted = {r.name: r for r in config.resources}
+        for plugin in list(self.running.plugins):
+            resource = wanted.get(plugin.resource.name)
+            if resource is None or resource.socket != plugin.resource.socket:
+                self.running.remove(plugin)  # a new socket: served anew below
+        serving = {p.resource.name: p for p in self.running.plugins}
+        for name, resource in wanted.items():
+            plugin = serving.get(name)
+            if plugin is None:
+                await self.running.add(resource)
+                continue
             resource = _keep_unit_model(plugin.resource, resource, str(path))
             if resource != plugin.resource:
                 await self._apply(plugin, resource)
-        self._on_applied()
+        self.running.changed()
         return True
 
     async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
@@ -119,15 +138,26 @@ class Reloader:
         )
         log.info("%s: config applied: %s", resource.name, changes)
         plugin.set_resource(resource)
-        await self._rescan(plugin)
+        await self.running.rescan(plugin)
         # What is advertised or granted for the same devices may have changed
         # (units, permissions, CDI): a new version, for every follower.
         plugin.inventory.publish(plugin.inventory.current.devices, force=True)
 
 
 def _keep_unit_model(old: ResourceConfig, new: ResourceConfig, source: str) -> ResourceConfig:
-    """The new resource, with upper-limit kept when changing it would change
-    unit IDs that running pods may hold (see the module's docstring)."""
+    """The new resource, with upper-limit and allocation kept when changing
+    them would change unit IDs that running pods may hold (see above)."""
+    if new.allocation != old.allocation:
+        log.warning(
+            "%s: %s: field 'allocation' %r -> %r is not applied while powerdev runs: it "
+            "changes every unit ID, and pods may hold the current ones; restart powerdev "
+            "to apply it, best when no pod holds the resource",
+            source,
+            old.name,
+            old.allocation,
+            new.allocation,
+        )
+        new = replace(new, allocation=old.allocation)
     if new.upper_limit == old.upper_limit or 0 < old.upper_limit < new.upper_limit:
         return new
     log.warning(

@@ -30,6 +30,11 @@ class StatusFile:
         self.resources[resource] = {"state": state, "socket": str(socket), "since": time.time()}
         self._write()
 
+    def forget(self, resource: str) -> None:
+        """A resource that stopped being served (gone from the config)."""
+        if self.resources.pop(resource, None) is not None:
+            self._write()
+
     def _write(self) -> None:
         if self.path is None:
             return

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from powerdev.config import ResourceConfig
-from powerdev.devices import gomatch
+from powerdev.devices import gomatch, identity
 from powerdev.devices.model import HOST_DEV, Device, device_id
 
 NX_GZIP = "/dev/crypto/nx-gzip"
@@ -147,7 +148,39 @@ def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> b
     return any(p == device.path and not gomatch.has_magic(p) for p in include)
 
 
-def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[Device, ...]:
+def describe(
+    resource: ResourceConfig, device: Device, sys_root: Path, udev_data: Path | None
+) -> Device | None:
+    """The device as this resource lists it: None when its udev properties do
+    not match; with its NUMA node; in "each" mode, named by its identity
+    (multipath UUID, WWN, serial, loop backing file) where it has one, so the
+    same disk keeps its ID across reboots and renumbering."""
+    number = (device.major, device.minor)
+    if resource.match_properties:
+        props = identity.properties(sys_root, udev_data, device.kind, number)
+        if not properties_match(resource.match_properties, props):
+            return None
+    numa = identity.numa_node(sys_root, device.kind, number)
+    found = identity.identity(sys_root, udev_data, device.kind, number)
+    device_id = device.id
+    if found is not None and resource.allocation == "each":
+        device_id = identity.identity_id(*found)
+    described = f"{found[0]}={found[1]}" if found is not None else None
+    return replace(device, id=device_id, numa=numa, identity=described)
+
+
+def properties_match(
+    wanted: tuple[tuple[str, tuple[str, ...]], ...], props: dict[str, str]
+) -> bool:
+    """Every property is there, and matches one of its globs."""
+    return all(
+        key in props and any(gomatch.match(g, props[key]) for g in globs) for key, globs in wanted
+    )
+
+
+def discover(
+    resource: ResourceConfig, dev_root: Path, sys_root: Path, udev_data: Path | None = None
+) -> tuple[Device, ...]:
     """Every device the resource advertises now, sorted by host path."""
     if resource.include:
         candidates = include_candidates(dev_root, resource.include)
@@ -161,7 +194,9 @@ def discover(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> tuple[
             continue
         device = probe(dev_root, host_path)
         if device is not None and control_allowed(device, resource.include, sys_root):
-            devices[host_path] = device
+            described = describe(resource, device, sys_root, udev_data)
+            if described is not None:
+                devices[host_path] = described
     return tuple(sorted(devices.values(), key=lambda d: d.path))
 
 

@@ -148,3 +148,97 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return entry.is_dir()
     except OSError:
         return False
+
+
+# --- overlap: can two patterns match one name? ------------------------------
+
+_STAR = ("star",)
+_NOT_SLASH = (True, (("/", "/"),))  # a charset: (negated, ranges)
+
+
+def overlap(a: str, b: str) -> bool:
+    """Is there a name that both patterns match? (Used to refuse configs
+    in which one device could belong to two resources.)"""
+    ta, tb = _tokens(a), _tokens(b)
+
+    @functools.cache
+    def common(i: int, j: int) -> bool:
+        if i == len(ta) and j == len(tb):
+            return True
+        if i < len(ta) and ta[i] is _STAR:
+            if common(i + 1, j):
+                return True
+            if j < len(tb) and tb[j] is not _STAR and _meet(tb[j], _NOT_SLASH):
+                return common(i, j + 1)
+            return j < len(tb) and tb[j] is _STAR and common(i, j + 1)
+        if j < len(tb) and tb[j] is _STAR:
+            if common(i, j + 1):
+                return True
+            return i < len(ta) and _meet(ta[i], _NOT_SLASH) and common(i + 1, j)
+        if i == len(ta) or j == len(tb):
+            return False
+        return _meet(ta[i], tb[j]) and common(i + 1, j + 1)
+
+    return common(0, 0)
+
+
+def _tokens(pattern: str) -> tuple[object, ...]:
+    """A checked pattern as tokens: _STAR, or a charset for one character."""
+    compile_pattern(pattern)  # raises BadPattern for a malformed one
+    out: list[object] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "*":
+            if not out or out[-1] is not _STAR:
+                out.append(_STAR)
+            i += 1
+        elif c == "?":
+            out.append(_NOT_SLASH)
+            i += 1
+        elif c == "\\":
+            out.append((False, ((pattern[i + 1], pattern[i + 1]),)))
+            i += 2
+        elif c == "[":
+            i += 1
+            negated = pattern[i] == "^"
+            i += negated
+            ranges = []
+            while True:
+                if pattern[i] == "]" and ranges:
+                    i += 1
+                    break
+                lo, i = _class_char(pattern, i)
+                hi = lo
+                if pattern[i] == "-":
+                    hi, i = _class_char(pattern, i + 1)
+                ranges.append((lo, hi))
+            out.append((negated, tuple(r for r in ranges if r[0] <= r[1])))
+        else:
+            out.append((False, ((c, c),)))
+            i += 1
+    return tuple(out)
+
+
+def _meet(x: object, y: object) -> bool:
+    """Do two charsets share a character?"""
+    (nx, rx), (ny, ry) = x, y  # type: ignore[misc]
+    if nx and ny:
+        return True  # each leaves out finitely many characters
+    if nx:
+        (nx, rx), (ny, ry) = (ny, ry), (nx, rx)
+    if not ny:
+        return any(a_lo <= b_hi and b_lo <= a_hi for a_lo, a_hi in rx for b_lo, b_hi in ry)
+    return any(_outside(lo, hi, ry) for lo, hi in rx)
+
+
+def _outside(lo: str, hi: str, ranges: tuple[tuple[str, str], ...]) -> bool:
+    """Is some character of lo..hi outside every one of the ranges?"""
+    point = ord(lo)
+    for r_lo, r_hi in sorted((ord(a), ord(b)) for a, b in ranges):
+        if r_hi < point:
+            continue
+        if r_lo > point:
+            break
+        point = r_hi + 1
+    return point <= ord(hi)

@@ -19,6 +19,8 @@ class Device:
     major: int
     minor: int
     healthy: bool = True
+    numa: int | None = None  # the NUMA node the kernel reports for it, if any
+    identity: str | None = None  # what it is, whatever its name: "DM_UUID=mpath-3600..."
 
 
 def device_id(host_path: str) -> str:

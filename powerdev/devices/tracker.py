@@ -24,6 +24,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.discovery import (
     NX_GZIP,
     control_allowed,
+    describe,
     discover,
     is_virtual_block,
     matches_any,
@@ -71,6 +72,7 @@ class Tracker:
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
+        self.udev_data: Path | None = None  # udev's database, for properties (app sets it)
         self._scans = 0  # rescans running now
         self._during_scan: set[str] = set()  # paths events named while a rescan ran
         # Set by the app: keeps devices the host uses out (None: no such screen).
@@ -99,7 +101,7 @@ class Tracker:
         return changed
 
     def _discover(self, listed: dict[str, Device]) -> tuple[Device, ...]:
-        found = discover(self.resource, self.dev_root, self.sys_root)
+        found = discover(self.resource, self.dev_root, self.sys_root, self.udev_data)
         if self.guard is not None:
             found = tuple(self.guard.screen(found, listed, allow=self.allow_host_used))
         return found
@@ -141,8 +143,11 @@ class Tracker:
         for path in paths:
             old = self.inventory.by_path.get(path)
             device = probe(self.dev_root, path)
-            if device is None or not wanted_device(self.resource, device):
+            if device is not None and wanted_device(self.resource, device):
+                device = describe(self.resource, device, self.sys_root, self.udev_data)
+            else:
                 device = None
+            if device is None:
                 self._identity.pop(path, None)
             else:
                 device = self._judge(device)

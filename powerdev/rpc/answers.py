@@ -70,7 +70,9 @@ def encode_list(units: tuple[Unit, ...]) -> bytes:
     reply = pb.ListAndWatchResponse()
     add = reply.devices.add
     for unit in units:
-        add(ID=unit.id, health=HEALTHY if unit.healthy else UNHEALTHY)
+        device = add(ID=unit.id, health=HEALTHY if unit.healthy else UNHEALTHY)
+        if unit.numa is not None:
+            device.topology.nodes.add(ID=unit.numa)
     return reply.SerializeToString()
 
 

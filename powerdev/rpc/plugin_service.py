@@ -58,7 +58,7 @@ class PluginService(DevicePluginBase):
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
         return DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=False
+            pre_start_required=False, get_preferred_allocation_available=self._plugin.prefers
         )
 
     async def _options(self, stream: Stream[Empty, DevicePluginOptions]) -> None:

@@ -116,25 +116,21 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path):
 
 @needs_cdicheck
 async def test_turning_cdi_off_by_reload_removes_the_spec_and_answers_devicespecs(tmp_path):
-    from powerdev.reload import Reloader
-
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
     specs = tmp_path / "cdi"
     specs.mkdir()
-    config_file = tmp_path / "config.json"
+    (tmp_path / "etc").mkdir()
+    config_file = tmp_path / "etc" / "config.json"
     config_file.write_text(CONFIG)
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
-            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs
+            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, config_path=config_file
         ) as h:
             await h.kubelet.allocate(h.name, ["dm-0"])
             assert (specs / SPEC).exists()
+            before = h.state().updates
             config_file.write_text(json.dumps({"include-devices": ["/dev/dm-*"]}))
-
-            async def rescan(plugin):
-                await plugin.tracker.rescan()
-
-            assert await Reloader(config_file, h.plugins, rescan).reload()
+            await h.kubelet.wait_until(lambda k: h.state().updates > before)  # applied
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert grant.cdi_devices == () and [d.host_path for d in grant.devices] == ["/dev/dm-0"]
             assert not (specs / SPEC).exists()

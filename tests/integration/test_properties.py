@@ -63,6 +63,7 @@ nasty_bytes = st.one_of(
 def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content):
     """The reload path: whatever the file holds, reload() returns (True with a
     config applied, or False with the last good one kept) and never raises."""
+    from powerdev.app import Settings
     from powerdev.reload import Reloader
 
     path = tmp_path / "config.json"
@@ -71,11 +72,24 @@ def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content
     good = plugin.resource
     rescans = []
 
-    async def rescan(p):
-        rescans.append(p)
+    class Running:
+        def __init__(self):
+            self.plugins = [plugin]
+
+        async def rescan(self, p):
+            rescans.append(p)
+
+        async def add(self, resource):
+            rescans.append(resource)
+
+        def remove(self, p):
+            rescans.append(p)
+
+        def changed(self):
+            pass
 
     async def reload_once():
-        return await Reloader(path, [plugin], rescan).reload()
+        return await Reloader(Settings(config_path=path), Running()).reload()
 
     applied = trio.run(reload_once)
     if not applied:
