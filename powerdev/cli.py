@@ -160,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
     bench.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
 
+    scan = sub.add_parser(
+        "scan",
+        help="print what each resource would advertise here, and what is left out and why",
+    )
+    scan.add_argument(
+        "--config",
+        type=Path,
+        default=Path(_env("CONFIG", DEFAULT_CONFIG_PATH)),
+        help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
+    scan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    scan.add_argument("--udev-data", type=Path, default=Path(_env("UDEV_DATA", "/run/udev/data")))
+    scan.add_argument(
+        "--host-mountinfo",
+        type=Path,
+        default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
+    )
+    common(scan)
+
     health = sub.add_parser(
         "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
     )
@@ -225,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         trio.run(partial(bench_module.run_bench, plan, args.json))
         return 0
+    if args.command == "scan":
+        return _scan(args)
     try:
         if args.command == "run":
             config = load_config(
@@ -278,6 +299,25 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"powerdev: bad config: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _scan(args: argparse.Namespace) -> int:
+    """`powerdev scan`: exit 0 with the report for a valid config, 2 for a bad one."""
+    from powerdev import scan
+    from powerdev.devices.inuse import HostUseGuard
+
+    try:
+        config = load_config(
+            args.config, resource_name=args.resource_name, socket_name=args.socket_name
+        )
+    except ConfigError as err:
+        print(f"powerdev: bad config: {err}", file=sys.stderr)
+        return 2
+    guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
+    udev_data = args.udev_data if args.udev_data.is_dir() else None
+    reports = scan.scan(config, args.dev_root, args.sys_root, udev_data, guard)
+    print(scan.as_json(reports) if args.json else scan.as_text(reports))
     return 0
 
 

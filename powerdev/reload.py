@@ -100,6 +100,11 @@ class Reloader:
         if seen is None:
             log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
             return False
+        if not seen.strip():
+            # Empty at start means the seed's defaults; empty now is a file
+            # caught in the middle of a write, or emptied by mistake.
+            log.warning("%s is empty; the last good config stays in force", path)
+            return False
         try:
             config = parse_config(
                 decode_config(seen, str(path)),

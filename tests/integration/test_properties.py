@@ -189,3 +189,37 @@ async def _serve_batch(tmp_path, dev, batch):
                     assert err.status == "INVALID_ARGUMENT", err
             grant = await h.kubelet.allocate(h.name, ["dm-0"])  # still serving
             assert len(grant.devices) == 2
+
+
+def test_an_empty_file_at_runtime_keeps_the_last_good_config(tmp_path, caplog):
+    """A writer caught between truncate and write: empty is not "defaults" now."""
+    from powerdev.app import Settings
+    from powerdev.reload import Reloader
+
+    path = tmp_path / "config.json"
+    path.write_text("")
+    plugin = Plugin(ResourceConfig(include=("/dev/dm-*",)), Inventory())
+    calls = []
+
+    class Running:
+        def __init__(self):
+            self.plugins = [plugin]
+
+        async def rescan(self, p):
+            calls.append(p)
+
+        async def add(self, resource):
+            calls.append(resource)
+
+        def remove(self, p):
+            calls.append(p)
+
+        def changed(self):
+            calls.append("changed")
+
+    async def reload_once():
+        return await Reloader(Settings(config_path=path), Running(), loaded=b"{}").reload()
+
+    assert trio.run(reload_once) is False
+    assert calls == [] and plugin.resource.include == ("/dev/dm-*",)
+    assert any("is empty; the last good config stays in force" in r.message for r in caplog.records)

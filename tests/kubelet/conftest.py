@@ -68,7 +68,10 @@ class Node:
 
 
 def write_config(path: Path, **fields: object) -> Path:
-    path.write_text(json.dumps(fields))
+    """Written as a ConfigMap update is: a new file renamed over the old."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(fields))
+    tmp.rename(path)
     return path
 
 

@@ -118,3 +118,48 @@ def test_backoff_doubles_to_its_bound_and_starts_again_after_a_success():
     assert [backoff.next() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     backoff.reset()
     assert backoff.next() == 0.1
+
+
+def test_each_mode_one_unit_per_identity_and_grants_only_the_chosen():
+    from powerdev.allocation import grant_chosen, units
+
+    lun = "dm-uuid.mpath-3600a"
+    devices = (
+        Device(lun, "/dev/dm-3", "b", 253, 3, numa=1),
+        Device(lun, "/dev/mapper/mpatha", "b", 253, 3, numa=1),
+        Device("dm-uuid.mpath-3600b", "/dev/dm-4", "b", 253, 4, numa=0),
+    )
+    (a, b) = units(devices, 0, "each")
+    assert (a.id, a.healthy, a.numa) == (lun, True, 1)  # two names, one unit
+    assert b.numa == 0
+    plugin = Plugin(ResourceConfig(allocation="each", permissions="r"), Inventory(devices))
+    (grant,) = plugin.allocate([[lun]])
+    assert grant == (
+        DeviceGrant("/dev/dm-3", "/dev/dm-3", "r"),
+        DeviceGrant("/dev/mapper/mpatha", "/dev/mapper/mpatha", "r"),
+    )
+    assert grant_chosen({}, ["nothing"], "rw") == ()
+    assert plugin.prefers
+
+
+@pytest.mark.parametrize(
+    ("available", "must", "size", "numa", "expected"),
+    [
+        # one node has enough: all from it, in natural order
+        (["d10", "d2", "d1", "d3"], [], 2, {"d1": 0, "d2": 1, "d3": 1, "d10": 1}, ["d2", "d3"]),
+        # the must-include device's node first
+        (["d1", "d2", "d3", "d4"], ["d1"], 2, {"d1": 0, "d2": 1, "d3": 1, "d4": 0}, ["d1", "d4"]),
+        # no node has enough: the biggest first, then the rest
+        (["a", "b", "c"], [], 3, {"a": 0, "b": 1, "c": 1}, ["b", "c", "a"]),
+        # devices without topology come after those with it
+        (["x", "y", "z"], [], 1, {"x": None, "y": 0, "z": None}, ["y"]),
+        # natural order: loop4 < loop5 < loop42
+        (["loop42", "loop5", "loop4"], [], 3, {}, ["loop4", "loop5", "loop42"]),
+        # must-include alone can fill the request
+        (["a", "b"], ["b", "a"], 2, {}, ["b", "a"]),
+    ],
+)
+def test_preferred_allocation_on_one_numa_node(available, must, size, numa, expected):
+    from powerdev.allocation import preferred_on_one_node
+
+    assert preferred_on_one_node(available, must, size, numa) == expected

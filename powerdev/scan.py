@@ -1,0 +1,134 @@
+"""`powerdev scan`: what each resource of a config would advertise on this
+host, and every candidate left out with the reason. It reads the config and
+the host's /dev and /sys; it needs no kubelet and changes nothing.
+
+The same functions the daemon uses decide (patterns, probe, control nodes,
+udev properties, identities, the host-use guard); this module only asks
+them one at a time, so it can say which one said no.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from powerdev.config import Config, ResourceConfig
+from powerdev.devices import gomatch, identity
+from powerdev.devices.discovery import (
+    NX_GZIP,
+    block_candidates,
+    control_allowed,
+    describe,
+    include_candidates,
+    probe,
+    properties_match,
+)
+from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.model import Device
+
+
+@dataclass
+class Report:
+    resource: str
+    allocation: str
+    advertised: list[Device] = field(default_factory=list)
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (host path, why)
+
+
+def scan(
+    config: Config,
+    dev_root: Path,
+    sys_root: Path,
+    udev_data: Path | None,
+    guard: HostUseGuard | None,
+) -> list[Report]:
+    reports = []
+    claimed: dict[str, str] = {}  # host path -> the resource that lists it
+    for resource in config.resources:
+        report = Report(resource.name, resource.allocation)
+        for path in _candidates(resource, dev_root, sys_root):
+            device, why = _judge(resource, path, dev_root, sys_root, udev_data, guard)
+            if device is not None and path in claimed:
+                device, why = None, f"held by another resource, {claimed[path]}"
+            if device is None:
+                report.left_out.append((path, why))
+            else:
+                claimed[path] = resource.name
+                report.advertised.append(device)
+        reports.append(report)
+    return reports
+
+
+def _candidates(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> list[str]:
+    found = (
+        include_candidates(dev_root, resource.include)
+        if resource.include
+        else block_candidates(sys_root)
+    )
+    if resource.nx_gzip:
+        found.append(NX_GZIP)
+    return sorted(dict.fromkeys(found))
+
+
+def _judge(
+    resource: ResourceConfig,
+    path: str,
+    dev_root: Path,
+    sys_root: Path,
+    udev_data: Path | None,
+    guard: HostUseGuard | None,
+) -> tuple[Device | None, str]:
+    for pattern in resource.exclude:
+        if gomatch.match(pattern, path):
+            return None, f"excluded by {pattern!r}"
+    device = probe(dev_root, path)
+    if device is None:
+        return None, "not a character or block device node"
+    if not control_allowed(device, resource.include, sys_root):
+        return None, "a control node (it creates or removes host devices): name it literally"
+    number = (device.major, device.minor)
+    if resource.match_properties:
+        props = identity.properties(sys_root, udev_data, device.kind, number)
+        if not properties_match(resource.match_properties, props):
+            wanted = ", ".join(f"{k}={'|'.join(g)}" for k, g in resource.match_properties)
+            have = ", ".join(f"{k}={props.get(k, '(none)')}" for k, _ in resource.match_properties)
+            return None, f"properties {have} do not match {wanted}"
+    if guard is not None and not resource.allow_host_used:
+        why = guard.reason(device, guard.direct_use())
+        if why is not None:
+            return None, f"the host uses it: {why}"
+    return describe(resource, device, sys_root, udev_data), ""
+
+
+def as_text(reports: list[Report]) -> str:
+    lines = []
+    for report in reports:
+        count = len(report.advertised)
+        lines.append(
+            f"{report.resource} ({report.allocation}): {count} device{'' if count == 1 else 's'}"
+        )
+        for d in report.advertised:
+            lines.append(
+                f"  {d.id}  {d.path}  {d.kind} {d.major}:{d.minor}  "
+                f"identity {d.identity or '-'}  numa {'-' if d.numa is None else d.numa}  "
+                f"{'Healthy' if d.healthy else 'Unhealthy'}"
+            )
+        for path, why in report.left_out:
+            lines.append(f"  left out: {path}: {why}")
+    return "\n".join(lines)
+
+
+def as_json(reports: list[Report]) -> str:
+    return json.dumps(
+        [
+            {
+                "resource": r.resource,
+                "allocation": r.allocation,
+                "advertised": [asdict(d) for d in r.advertised],
+                "left_out": [{"path": p, "reason": why} for p, why in r.left_out],
+            }
+            for r in reports
+        ],
+        indent=2,
+    )
