@@ -179,9 +179,15 @@ def properties_match(
 
 
 def discover(
-    resource: ResourceConfig, dev_root: Path, sys_root: Path, udev_data: Path | None = None
+    resource: ResourceConfig,
+    dev_root: Path,
+    sys_root: Path,
+    udev_data: Path | None = None,
+    unmatched: list[Device] | None = None,
 ) -> tuple[Device, ...]:
-    """Every device the resource advertises now, sorted by host path."""
+    """Every device the resource advertises now, sorted by host path. Nodes
+    whose udev properties do not match go to `unmatched`, when given: their
+    properties may change later."""
     if resource.include:
         candidates = include_candidates(dev_root, resource.include)
     else:
@@ -197,6 +203,8 @@ def discover(
             described = describe(resource, device, sys_root, udev_data)
             if described is not None:
                 devices[host_path] = described
+            elif unmatched is not None:
+                unmatched.append(device)
     return tuple(sorted(devices.values(), key=lambda d: d.path))
 
 

@@ -73,6 +73,7 @@ class Tracker:
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
         self.udev_data: Path | None = None  # udev's database, for properties (app sets it)
+        self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
         self._scans = 0  # rescans running now
         self._during_scan: set[str] = set()  # paths events named while a rescan ran
         # Set by the app: keeps devices the host uses out (None: no such screen).
@@ -101,7 +102,11 @@ class Tracker:
         return changed
 
     def _discover(self, listed: dict[str, Device]) -> tuple[Device, ...]:
-        found = discover(self.resource, self.dev_root, self.sys_root, self.udev_data)
+        unmatched: list[Device] = []
+        found = discover(self.resource, self.dev_root, self.sys_root, self.udev_data, unmatched)
+        self._unmatched = {}
+        for device in unmatched:
+            self._unmatched.setdefault((device.major, device.minor), set()).add(device.path)
         if self.guard is not None:
             found = tuple(self.guard.screen(found, listed, allow=self.allow_host_used))
         return found
@@ -129,6 +134,8 @@ class Tracker:
             )
             if event.number is not None:  # links we list to a node that changed
                 paths.update(self._by_number.get(event.number, ()))
+                # and names left out for their udev properties, which may now match
+                paths.update(self._unmatched.get(event.number, ()))
         paths.update(
             recheck_paths(self.guard, self.inventory.by_path, (e.subsystem for e in events))
         )
@@ -142,11 +149,15 @@ class Tracker:
         changes: dict[str, Device | None] = {}
         for path in paths:
             old = self.inventory.by_path.get(path)
-            device = probe(self.dev_root, path)
-            if device is not None and wanted_device(self.resource, device):
-                device = describe(self.resource, device, self.sys_root, self.udev_data)
-            else:
-                device = None
+            probed = probe(self.dev_root, path)
+            device = None
+            if probed is not None and wanted_device(self.resource, probed):
+                device = describe(self.resource, probed, self.sys_root, self.udev_data)
+                unmatched = self._unmatched.setdefault((probed.major, probed.minor), set())
+                if device is None:
+                    unmatched.add(path)  # its properties do not match, yet
+                else:
+                    unmatched.discard(path)
             if device is None:
                 self._identity.pop(path, None)
             else:

@@ -146,3 +146,25 @@ def test_watch_levels_are_dev_and_every_directory_level_of_the_patterns():
         "/dev/mapper",
     ]
     assert watch_levels([]) == ["/dev"]  # block discovery: nodes in /dev itself
+
+
+async def test_a_change_event_rematches_udev_properties(tmp_path):
+    """udev rewrites a device's properties (a multipath map gets its UUID);
+    the change event names only the node, and the link follows."""
+    dev = make_dev_tree(tmp_path / "dev", ["mapper/mpatha"], target="/dev/zero")  # 1:5
+    udev = tmp_path / "udev"
+    udev.mkdir()
+    (udev / "c1:5").write_text("E:DM_UUID=LVM-abc\n")
+    resource = ResourceConfig(
+        include=("/dev/mapper/*",), match_properties=(("DM_UUID", ("mpath-*",)),)
+    )
+    t = Tracker(resource, Inventory(), dev, tmp_path / "sys")
+    t.udev_data = udev
+    await t.rescan()
+    assert listed(t) == {}
+    (udev / "c1:5").write_text("E:DM_UUID=mpath-3600a\n")
+    assert t.apply([DeviceEvent("change", ("/dev/dm-0",), "block", (1, 5))]) is True
+    assert listed(t) == {"/dev/mapper/mpatha": True}
+    (udev / "c1:5").write_text("E:DM_UUID=LVM-abc\n")
+    assert t.apply([DeviceEvent("change", ("/dev/dm-0",), "block", (1, 5))]) is True
+    assert listed(t) == {}
