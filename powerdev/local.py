@@ -85,14 +85,18 @@ async def run_local(
             sys_root=sys_root,
             uevents=uevents,
             config_path=config_path,
+            resource_name=resource_name,
+            socket_name=socket_name,
         )
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(kubelet.run)
             await nursery.start(app.run, settings, config)
+            names = [r.name for r in config.resources]
             await kubelet.wait_until(
-                lambda k: resource_name in k.resources and k.resources[resource_name].updates > 0
+                lambda k: all(n in k.resources and k.resources[n].updates > 0 for n in names)
             )
-            await _sample_allocate(kubelet, resource_name, say)
+            for name in names:
+                await _sample_allocate(kubelet, name, say)
             say("powerdev local: watching for changes; press Ctrl-C to stop")
             task_status.started(kubelet)
 
@@ -105,7 +109,7 @@ async def _sample_allocate(kubelet: FakeKubelet, resource: str, say: Callable[[s
     grant = await kubelet.allocate(resource, healthy[:1])
     say(
         f"powerdev local: a pod asking for {resource}: 1 gets unit {healthy[0]} and "
-        f"{len(grant.devices)} device nodes:"
+        f"{len(grant.devices)} device node{'' if len(grant.devices) == 1 else 's'}:"
     )
     for spec in grant.devices[:12]:
         say(f"  {spec.host_path} -> {spec.container_path} ({spec.permissions})")
