@@ -304,6 +304,51 @@ async def measure_real_kubelet(
             add_longest_step(results, n, daemon, say, "real kubelet run")
 
 
+async def measure_each(n: int, plan: Plan, results: Results, say: Callable[[str], None]) -> None:
+    """ "each" allocation: a grant carries the chosen devices only, and the
+    kubelet asks GetPreferredAllocation first; both timed at the client."""
+    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
+        root = Path(tmp)
+        make_nodes(root / "dev", [f"bench{i}" for i in range(n)])
+        config = root / "config.json"
+        config.write_text(json.dumps({"include-devices": ["/dev/bench*"], "allocation": "each"}))
+        plugin_dir = root / "device-plugins"
+        async with trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            daemon = Daemon(plugin_dir, config, root / "dev", "off")
+            began = time.perf_counter()
+            await daemon.start()
+            try:
+                await wait_for(
+                    kubelet,
+                    "the first full list",
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].capacity == n,
+                )
+                first = time.perf_counter() - began
+                results.add("each: start to first full list", n, ms=round(first * 1000, 1))
+                client = PluginClient(plugin_dir / kubelet.resources[RESOURCE].endpoint)
+                ids = sorted(kubelet.resources[RESOURCE].devices)
+                allocate, prefer = [], []
+                for i in range(plan.allocations):
+                    t = time.perf_counter()
+                    await client.allocate_bytes([ids[i % len(ids)], ids[(i + 1) % len(ids)]])
+                    allocate.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    await client.preferred(ids, [ids[i % len(ids)]], 4)
+                    prefer.append(time.perf_counter() - t)
+                client.close()
+                results.add("each: Allocate (two devices)", n, **spread(allocate))
+                results.add("each: GetPreferredAllocation (4 of all)", n, **spread(prefer))
+                say(
+                    f"  {n} devices, each: first list {first * 1000:.0f} ms; Allocate "
+                    f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}"
+                )
+            finally:
+                await daemon.stop()
+            nursery.cancel_scope.cancel()
+
+
 async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], None]) -> None:
     """From the moment a uevent arrives (on a monitor of our own) to the
     moment the kubelet holds the list it implies."""
@@ -407,6 +452,9 @@ async def run_bench(
         for i, n in enumerate(plan.sizes):
             say(f"measuring with {n} device nodes")
             await measure_size(n, plan, results, say, restarts=i == 0)
+        for n in plan.sizes:
+            say(f'measuring "each" allocation with {n} device nodes')
+            await measure_each(n, plan, results, say)
         say("measuring uevents with real loop devices")
         await measure_uevents(plan, results, say)
         binary = find_dmharness()

@@ -23,6 +23,8 @@ def test_quick_bench_reports_every_measure(tmp_path):
         "RSS",
         "idle CPU over 1 s",
         "kubelet restart to re-registration",
+        "each: Allocate (two devices)",
+        "each: GetPreferredAllocation (4 of all)",
     } <= measures
     allocate = next(r for r in report["rows"] if r["measure"] == "Allocate")
     assert allocate["n"] == 20 and allocate["answer_bytes"] > 0
