@@ -167,6 +167,10 @@ class FakeKubelet:
 
     # --- Registration -------------------------------------------------------------
 
+    async def register(self, version: str, endpoint: str, resource: str) -> None:
+        """What the Registration service does with one Register call."""
+        await self._register(version, endpoint, resource)
+
     async def _register(self, version: str, endpoint: str, resource: str) -> None:
         try:
             await self._admit(version, endpoint, resource)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -73,31 +74,48 @@ async def serve(
             # grpclib leaves connections open; a client that never lets go
             # would keep one (and a call with no deadline, such as the
             # kubelet's Allocate, would wait forever). End them all.
-            server.abort_connections()
+            # An aborted transport closes its socket on the loop's next turn,
+            # and a connection accepted just before the close gets its
+            # transport a turn or two later: a few rounds end them all, so a
+            # loop closed right after this leaks nothing.
+            for _ in range(3):
+                server.abort_connections()
+                await trio_asyncio.aio_as_trio(asyncio.sleep)(0)
             if bound is not None:
                 _remove_if_same(path, bound)
 
 
 class _Server(Server):
-    """grpclib's Server, remembering its connections so that they can be ended."""
+    """grpclib's Server, remembering its connections' transports so that they
+    can be ended. (grpclib drops its own reference when it starts closing one,
+    and a close that waits to flush to a peer that has gone never ends.)"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        self._transports: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
+        self._ending = False
 
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            if self._ending:  # accepted just before the close: end it at once
+                transport.abort()  # type: ignore[attr-defined]
+                return
+            self._transports.add(transport)
+            made(transport)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
         return protocol
 
     def abort_connections(self) -> int:
-        """Drop every connection still open; how many there were."""
+        """Drop every connection still open, and any that comes after."""
+        self._ending = True
         ended = 0
-        for protocol in list(self._protocols):
-            transport = getattr(getattr(protocol, "connection", None), "_transport", None)
-            if transport is not None and not transport.is_closing():
-                transport.abort()
-                ended += 1
+        for transport in list(self._transports):
+            transport.abort()  # type: ignore[attr-defined]
+            ended += 1
         return ended
 
 

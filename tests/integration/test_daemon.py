@@ -292,3 +292,45 @@ async def test_a_pattern_into_a_missing_directory_is_warned_about_and_followed(t
             assert "'/dev/mapper/*'" in warning and str(dev / "mapper") in warning
             make_dev_tree(dev, ["mapper/mpatha"])  # the directory appears: followed
             await h.kubelet.wait_until(lambda k: "mapper.mpatha" in h.state().devices)
+
+
+async def test_the_fake_kubelets_restart_returns_once_the_new_kubelet_serves(tmp_path, dev):
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            assert h.kubelet.generation == 1
+            await h.kubelet.restart()
+            assert h.kubelet.generation == 2  # not "soon": now
+            assert socket_answers(h.settings.plugin_dir / KUBELET_SOCKET)
+            await h.wait_registered(2)  # nothing in flight when the test ends
+
+
+async def test_a_second_register_replaces_the_endpoint_and_leaves_the_old_stream(tmp_path, dev):
+    # As the real device manager: the old client is replaced, not cut; its
+    # stream ends when its plugin ends it, and touches only the old state.
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
+            old = h.state()
+            # What the kubelet's Registration service does with a second Register:
+            await h.kubelet.register("v1beta1", h.plugin.resource.socket, h.name)
+            await h.kubelet.wait_until(
+                lambda k: k.registrations == 2 and k.resources[h.name] is not old
+            )
+            assert old.connected  # the old stream was not cut by the kubelet
+            await h.kubelet.wait_until(lambda k: h.state().updates > 0)
+            assert h.state().connected and h.state().allocatable == 3
+
+
+async def test_an_unknown_field_is_warned_about_once(tmp_path, dev, caplog):
+    from powerdev.config import load_config
+
+    (tmp_path / "etc").mkdir()
+    path = tmp_path / "etc" / "config.json"
+    path.write_text('{"include-devices": ["/dev/dm-*"], "debug": true}')
+    config = load_config(path)
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev, config_path=path) as h:
+            path.touch()  # an event in the directory: read again, same content
+            os.utime(path)
+            await h.kubelet.wait_until(lambda k: h.state().capacity == 2)
+    warnings = [r for r in caplog.records if "'debug' is not known" in r.getMessage()]
+    assert len(warnings) == 1
