@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import trio
 
+from powerdev import metrics, oplog, opsserver
 from powerdev.config import Config
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
@@ -49,6 +51,7 @@ class Settings:
     # The host's mount table (the DaemonSet mounts /proc/1/mountinfo there);
     # None: this process's own, which is the host's when not in a container.
     host_mountinfo: Path | None = None
+    metrics_socket: socket.socket | None = None  # bound by the CLI: /metrics, /healthz, /readyz
 
     @property
     def mountinfo(self) -> Path:
@@ -61,24 +64,19 @@ class EventSource(Protocol):
     def ready_batch(self) -> list[DeviceEvent] | str: ...
 
 
+_device_log = oplog.DeviceLog()
+
+
 def _log_devices(plugin: Plugin) -> None:
     devices = plugin.inventory.current.devices
+    change = _device_log.change(plugin.resource.name, devices)
     if not devices:
         assert plugin.tracker is not None
         tracker = plugin.tracker
         why = why_nothing(plugin.resource, tracker.dev_root, tracker.sys_root)
         log.warning("%s: advertises no device: %s", plugin.resource.name, why)
-        return
-    unhealthy = [d.path for d in devices if not d.healthy]
-    log.info(
-        "%s: %d devices: %s%s",
-        plugin.resource.name,
-        len(devices),
-        _summary([d.path for d in devices]),
-        f"; Unhealthy (another device now under the name): {_summary(unhealthy)}"
-        if unhealthy
-        else "",
-    )
+    elif change is not None:
+        log.info("%s: %s", plugin.resource.name, change)
 
 
 async def scan(plugin: Plugin) -> None:
@@ -109,6 +107,8 @@ async def run(
     inotify on the device directories. With settings.config_path, config
     changes (inotify, SIGHUP) are applied as they come. started() once every
     resource is serving (so not while the kubelet is absent)."""
+    kind = "caller" if events is not None else choose_source(settings.uevents)
+    oplog.log_start(settings, config, kind)
     for warning in config.warnings:
         log.warning("%s", warning)
     status = StatusFile(settings.status_file)
@@ -122,6 +122,8 @@ async def run(
         tracker.allow_host_used = resource.allow_host_used
         plugins.append(Plugin(resource, inventory, tracker))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(metrics.serving(plugins, status))
+        metrics.config_loaded()
         dirs = None
         if events is not None:
             sources = [events]
@@ -143,6 +145,7 @@ async def run(
             )
         # The sources are live before the first scan: nothing falls between them.
         for plugin in plugins:
+            metrics.rescan(plugin.resource.name, "start")
             await scan(plugin)
             if not plugin.inventory.current.devices:
                 _log_devices(plugin)
@@ -160,10 +163,13 @@ async def run(
                 for source in sources:
                     batch = source.ready_batch()
                     if batch:
+                        metrics.events_received(source, batch)
                         _apply(batch, plugins, nursery)
 
             for plugin in plugins:
                 plugin.refresh = refresh
+            if settings.metrics_socket is not None:
+                await nursery.start(opsserver.serve, settings.metrics_socket, plugins, status)
             for source in sources:
                 nursery.start_soon(_follow, source, plugins, nursery)
             for plugin in plugins:
@@ -198,6 +204,7 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
     for plugin in plugins:
         assert plugin.tracker is not None
         if batch == RESCAN:
+            metrics.rescan(plugin.resource.name, "event")
             nursery.start_soon(scan, plugin)
         elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
             _log_devices(plugin)
@@ -206,7 +213,9 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:
     """Apply each batch of device events to every resource, at once."""
     while True:
-        _apply(await events.next_batch(), plugins, nursery)
+        batch = await events.next_batch()
+        metrics.events_received(events, batch)
+        _apply(batch, plugins, nursery)
 
 
 async def _rescan_every(plugin: Plugin, applied: Callable[[], trio.Event]) -> None:
@@ -219,6 +228,7 @@ async def _rescan_every(plugin: Plugin, applied: Callable[[], trio.Event]) -> No
         ) as waited:
             await applied().wait()
         if waited.cancelled_caught:
+            metrics.rescan(plugin.resource.name, "interval")
             await scan(plugin)
 
 
@@ -236,8 +246,3 @@ async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
             nursery.start_soon(stop_on_signal)
             await main()
             nursery.cancel_scope.cancel()
-
-
-def _summary(names: list[str], most: int = 8) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f", ... and {len(names) - most} more" if len(names) > most else "")

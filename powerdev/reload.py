@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from powerdev import metrics
 from powerdev.config import (
     ConfigError,
     ResourceConfig,
@@ -67,6 +68,7 @@ class Reloader:
                         )
                         await self.reload()
                         for plugin in self.plugins:
+                            metrics.rescan(plugin.resource.name, "sighup")
                             await self._rescan(plugin)
 
                 nursery.start_soon(on_hangup)
@@ -89,6 +91,7 @@ class Reloader:
         self._last_seen = seen
         if seen is None:
             log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
+            metrics.config_rejected()
             return False
         first = self.plugins[0].resource
         try:
@@ -100,6 +103,7 @@ class Reloader:
             )
         except ConfigError as err:
             log.error("config not applied, the last good one stays in force: %s", err)
+            metrics.config_rejected()
             return False
         for warning in config.warnings:
             log.warning("%s", warning)
@@ -108,6 +112,7 @@ class Reloader:
             if resource != plugin.resource:
                 await self._apply(plugin, resource)
         self._on_applied()
+        metrics.config_applied()
         return True
 
     async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
@@ -119,6 +124,7 @@ class Reloader:
         )
         log.info("%s: config applied: %s", resource.name, changes)
         plugin.set_resource(resource)
+        metrics.rescan(resource.name, "config")
         await self._rescan(plugin)
         if resource.upper_limit != old.upper_limit:
             plugin.inventory.publish(plugin.inventory.current.devices, force=True)

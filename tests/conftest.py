@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ async def daemon_and_kubelet(
     sys_root: Path | None = None,
     events: app.EventSource | None = None,
     uevents: str = "off",
+    metrics_socket: socket.socket | None = None,
 ) -> AsyncIterator[Harness]:
     """A fake kubelet and the daemon, in-process, over real unix sockets.
     Device events come from `events` (a fake source) or, with uevents="auto"
@@ -108,6 +110,7 @@ async def daemon_and_kubelet(
         dev_root=dev_root,
         sys_root=sys_root or tmp_path / "sys",
         uevents=uevents,
+        metrics_socket=metrics_socket,
     )
     async with asyncio_door(), trio.open_nursery() as nursery:
         kubelet = FakeKubelet(plugin_dir)
