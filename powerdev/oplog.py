@@ -91,8 +91,16 @@ class DeviceLog:
 # --- the start lines ----------------------------------------------------------
 
 
+CONFIG_NAMES = {  # ResourceConfig field -> its name in config.json
+    "include": "include-devices",
+    "exclude": "exclude-devices",
+    "strategy": "discovery-strategy",
+    "allow_host_used": "allow-host-used-devices",
+}
+
+
 def describe_resource(resource: Any) -> str:
-    """Every setting of a resource (a dataclass), as `name value` pairs."""
+    """Every setting of a resource (a dataclass), by its config.json name."""
     shown = []
     for item in fields(resource):
         if item.name in ("name", "socket"):
@@ -100,11 +108,13 @@ def describe_resource(resource: Any) -> str:
         value = getattr(resource, item.name)
         if item.name == "upper_limit" and value == 0:
             value = "0 (one unit per device)"
+        elif isinstance(value, bool):
+            value = str(value).lower()
         elif isinstance(value, tuple):
-            value = "[" + ", ".join(map(str, value)) + "]" if value else "none"
+            value = "[" + ", ".join(map(str, value)) + "]"
         elif isinstance(value, float) and value.is_integer():
             value = f"{int(value)}s" if "interval" in item.name else int(value)
-        shown.append(f"{item.name.replace('_', '-')} {value}")
+        shown.append(f"{CONFIG_NAMES.get(item.name, item.name.replace('_', '-'))} {value}")
     return ", ".join(shown)
 
 
