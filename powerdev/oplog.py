@@ -121,7 +121,7 @@ def describe_resource(resource: Any) -> str:
 EVENT_SOURCES = {
     "kernel": "kernel uevents (netlink)",
     "udev": "udev events (netlink)",
-    "off": "no uevents (--uevents off: rescans only)",
+    "off": "no uevents (--uevents off)",
     "caller": "a source given by the caller",
 }
 
