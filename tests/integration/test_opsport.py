@@ -288,3 +288,55 @@ async def test_every_device_event_batch_and_rescan_is_counted(tmp_path):
             )
             batches = counted("powerdev_device_event_batches_total", source="other")
             assert batches >= before_batches + 2
+
+
+async def test_register_refusals_are_counted_and_the_accepted_one_by_its_cause(tmp_path):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    name = "example.com/ops-refused"
+    config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-f.sock")
+    plugin_dir = tmp_path / "device-plugins"
+    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            kubelet.refuse_next = 2
+            await nursery.start(kubelet.run)
+            await nursery.start(partial(app.run, settings, config, events=ChannelEvents()))
+            await kubelet.wait_until(lambda k: name in k.resources and k.resources[name].updates)
+            assert counted("powerdev_register_failures_total", resource=name, kind="refused") == 2
+            assert counted("powerdev_registrations_total", resource=name, cause="start") == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_config_reloads_applied_and_rejected_are_counted_with_the_last_good_time(tmp_path):
+    from powerdev.config import ResourceConfig
+    from powerdev.devices.inventory import Inventory
+    from powerdev.plugin import Plugin
+    from powerdev.reload import Reloader
+
+    path = tmp_path / "config.json"
+    path.write_text('{"permissions": "rw"}')
+    name = "example.com/ops-reload"
+    plugin = Plugin(ResourceConfig(name=name, socket="ops-l.sock"), Inventory())
+    rescanned = []
+
+    async def rescan(p):
+        rescanned.append(p)
+
+    reloader = Reloader(path, [plugin], rescan, loaded=path.read_bytes())
+    applied = counted("powerdev_config_reloads_total", result="applied")
+    rejected = counted("powerdev_config_reloads_total", result="rejected")
+    config_rescans = counted("powerdev_rescans_total", resource=name, cause="config")
+    metrics.LAST_GOOD_CONFIG.set(0)
+
+    path.write_text('{"permissions": "rwx"}')
+    assert await reloader.reload() is False
+    assert counted("powerdev_config_reloads_total", result="rejected") == rejected + 1
+    assert counted("powerdev_config_last_applied_timestamp_seconds") == 0
+
+    path.write_text('{"permissions": "r"}')
+    assert await reloader.reload() is True
+    assert counted("powerdev_config_reloads_total", result="applied") == applied + 1
+    assert counted("powerdev_config_last_applied_timestamp_seconds") > 0
+    assert counted("powerdev_rescans_total", resource=name, cause="config") == config_rescans + 1
+    assert rescanned == [plugin] and plugin.resource.permissions == "r"
