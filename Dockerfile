@@ -1,18 +1,28 @@
+# syntax=docker/dockerfile:1
 # powerdev: the device plugin image, for linux/amd64, linux/ppc64le and linux/s390x.
 #
 #   docker buildx build --platform linux/amd64,linux/ppc64le,linux/s390x \
 #     -t quay.io/example/powerdev:0.1.0 --push .
 #
+# (buildx needs a builder that can build for several platforms, and QEMU's
+# binfmt handlers to run the other architectures' RUN steps; see README,
+# "Build the image".)
+#
 # Base: Debian 12 "bookworm" slim with CPython 3.11, the official Python image,
 # which is published for all three architectures (UBI 9 Python is too, but is
 # larger and needs a Red Hat registry). Pinned to an exact tag; pin a digest
-# in your own build pipeline for fully reproducible images.
+# in your own build pipeline for fully reproducible images. It already has
+# libudev1, which pyudev loads: apt (Priority: required) depends on
+# libapt-pkg6.0, which depends on libudev1.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+# Every dependency at the version pinned in constraints.txt (the build
+# backend too): two builds of one tag install the same thing.
+ENV PIP_CONSTRAINT=/src/constraints.txt
 # Dependencies first, in a layer of their own: they change less than our code.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 # The stub package and its build output go again at once: a stale
 # build/lib/powerdev/__init__.py would otherwise end up in the real wheel.
 RUN mkdir powerdev && touch powerdev/__init__.py \
@@ -22,19 +32,18 @@ COPY powerdev ./powerdev
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
-# libudev is what pyudev loads to read device events.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends libudev1 \
-    && rm -rf /var/lib/apt/lists/*
-COPY --from=build /wheels /wheels
-# Runtime dependencies only (no test extras); byte-compiled now, because the
-# root filesystem is read-only at run time.
-RUN pip install --no-cache-dir /wheels/*.whl \
-    && rm -rf /wheels \
+# Runtime dependencies only (no test extras), from the build stage's wheels,
+# mounted for this step only (never a layer of the image) and with no index:
+# nothing is fetched here. Byte-compiled now, because the root filesystem is
+# read-only at run time.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
     && python -m compileall -q /usr/local/lib/python3.11/site-packages/powerdev
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# Runs as UID 0 with every capability dropped (see deploy/03-daemonset.yaml):
+# Runs as UID 0 with every capability dropped (see deploy/base/03-daemonset.yaml):
 # the kubelet's device-plugins directory is root's, and root may write there
-# as its owner, without CAP_DAC_OVERRIDE.
+# as its owner, without CAP_DAC_OVERRIDE. Port 8080: /metrics, /healthz and
+# /readyz when POWERDEV_METRICS_ADDRESS is set (the DaemonSet sets :8080).
+EXPOSE 8080
 ENTRYPOINT ["powerdev", "run"]

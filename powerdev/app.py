@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +21,7 @@ from typing import Protocol
 
 import trio
 
+from powerdev import metrics, oplog, opsserver
 from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriter
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
 from powerdev.devices.dirwatch import DirEvents, watch_levels
@@ -56,6 +58,7 @@ class Settings:
     # The flat config form's resource and socket names (the command line's).
     resource_name: str = DEFAULT_RESOURCE_NAME
     socket_name: str = DEFAULT_SOCKET_NAME
+    metrics_socket: socket.socket | None = None  # bound by the CLI: /metrics, /healthz, /readyz
 
     @property
     def mountinfo(self) -> Path:
@@ -68,24 +71,19 @@ class EventSource(Protocol):
     def ready_batch(self) -> list[DeviceEvent] | str: ...
 
 
+_device_log = oplog.DeviceLog()
+
+
 def _log_devices(plugin: Plugin) -> None:
     devices = plugin.inventory.current.devices
+    change = _device_log.change(plugin.resource.name, devices)
     if not devices:
         assert plugin.tracker is not None
         tracker = plugin.tracker
         why = why_nothing(plugin.resource, tracker.dev_root, tracker.sys_root)
         log.warning("%s: advertises no device: %s", plugin.resource.name, why)
-        return
-    unhealthy = [d.path for d in devices if not d.healthy]
-    log.info(
-        "%s: %d devices: %s%s",
-        plugin.resource.name,
-        len(devices),
-        _summary([d.path for d in devices]),
-        f"; Unhealthy (another device now under the name): {_summary(unhealthy)}"
-        if unhealthy
-        else "",
-    )
+    elif change is not None:
+        log.info("%s: %s", plugin.resource.name, change)
 
 
 async def scan(plugin: Plugin) -> None:
@@ -117,6 +115,8 @@ async def run(
     changes (inotify, SIGHUP) are applied as they come, resources added and
     removed included. started() with the running resources once each is
     serving (so not while the kubelet is absent)."""
+    kind = "caller" if events is not None else choose_source(settings.uevents)
+    oplog.log_start(settings, config, kind)
     for warning in config.warnings:
         log.warning("%s", warning)
     with contextlib.ExitStack() as stack:
@@ -131,10 +131,16 @@ async def run(
             sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
         async with asyncio_door(), trio.open_nursery() as nursery:
             running = Running(settings, nursery, sources, dirs)
+            stack.enter_context(metrics.serving(running.plugins, running.status))
+            metrics.config_loaded()
             # The sources are live before the first scan: nothing falls between them.
             plugins = [await running.prepare(resource) for resource in config.resources]
             if dirs is not None:
                 log.info("watching %s for device nodes and links", ", ".join(dirs.watched))
+            if settings.metrics_socket is not None:
+                await nursery.start(
+                    opsserver.serve, settings.metrics_socket, running.plugins, running.status
+                )
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
             if settings.config_path is not None:
@@ -162,7 +168,7 @@ class Running:
         self._nursery = nursery
         self._sources = sources
         self._dirs = dirs
-        self._status = StatusFile(settings.status_file)
+        self.status = StatusFile(settings.status_file)
         self._scopes: dict[str, trio.CancelScope] = {}
         self._applied = trio.Event()
 
@@ -188,6 +194,7 @@ class Running:
             )
         self.plugins.append(plugin)
         self._watch()
+        metrics.rescan(resource.name, "start")
         await scan(plugin)
         if not plugin.inventory.current.devices:
             _log_devices(plugin)
@@ -211,7 +218,7 @@ class Running:
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()
-        self._status.forget(name)
+        self.status.forget(name)
         self._watch()
 
     async def rescan(self, plugin: Plugin) -> None:
@@ -229,6 +236,7 @@ class Running:
         for source in self._sources:
             batch = source.ready_batch()
             if batch:
+                metrics.events_received(source, batch)
                 _apply(batch, self.plugins, self._nursery)
 
     def _watch(self) -> None:
@@ -245,7 +253,7 @@ class Running:
             async with trio.open_nursery() as resource:
                 resource.start_soon(_keep_spec, writer, plugin)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
-                await resource.start(serve_resource, self.settings.plugin_dir, plugin, self._status)
+                await resource.start(serve_resource, self.settings.plugin_dir, plugin, self.status)
                 task_status.started()
 
 
@@ -269,6 +277,7 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
     for plugin in plugins:
         assert plugin.tracker is not None
         if batch == RESCAN:
+            metrics.rescan(plugin.resource.name, "event")
             nursery.start_soon(scan, plugin)
         elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
             _log_devices(plugin)
@@ -301,7 +310,9 @@ async def _keep_spec(writer: SpecWriter, plugin: Plugin) -> None:
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:
     """Apply each batch of device events to every resource, at once."""
     while True:
-        _apply(await events.next_batch(), plugins, nursery)
+        batch = await events.next_batch()
+        metrics.events_received(events, batch)
+        _apply(batch, plugins, nursery)
 
 
 async def _rescan_every(plugin: Plugin, applied: Callable[[], trio.Event]) -> None:
@@ -314,6 +325,7 @@ async def _rescan_every(plugin: Plugin, applied: Callable[[], trio.Event]) -> No
         ) as waited:
             await applied().wait()
         if waited.cancelled_caught:
+            metrics.rescan(plugin.resource.name, "interval")
             await scan(plugin)
 
 
@@ -331,8 +343,3 @@ async def run_until_signalled(main: Callable[[], Awaitable[object]]) -> None:
             nursery.start_soon(stop_on_signal)
             await main()
             nursery.cancel_scope.cancel()
-
-
-def _summary(names: list[str], most: int = 8) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f", ... and {len(names) - most} more" if len(names) > most else "")

@@ -9,7 +9,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from powerdev import __version__
+from powerdev import __version__, logformat
 from powerdev.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_RESOURCE_NAME,
@@ -22,6 +22,7 @@ from powerdev.status import DEFAULT_STATUS_FILE
 from powerdev.webhook import cli as webhook_cli
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 UEVENT_SOURCES = ("auto", "udev", "kernel", "off")
 UNIX_PATH_MAX = 107  # bytes in a unix socket path (sun_path holds 108, with the NUL)
 
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="{" + ",".join(LOG_LEVELS) + "}",
             default=_env("LOG_LEVEL", "info"),
             help="log verbosity [env POWERDEV_LOG_LEVEL; default info]",
+        )
+        p.add_argument(
+            "--log-format",
+            type=one_of(LOG_FORMATS),
+            metavar="{" + ",".join(LOG_FORMATS) + "}",
+            default=_env("LOG_FORMAT", "text"),
+            help="text, or json: one object per line [env POWERDEV_LOG_FORMAT; default text]",
         )
         p.add_argument(
             "--resource-name",
@@ -145,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to record each resource's state for `powerdev health` "
         f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
     )
+    run.add_argument(
+        "--metrics-address",
+        type=metrics_address,
+        default=_env("METRICS_ADDRESS", "") or None,
+        help="serve /metrics, /healthz and /readyz over HTTP here: HOST:PORT, :PORT "
+        "(every interface) or [IPv6]:PORT [env POWERDEV_METRICS_ADDRESS; default: off]",
+    )
 
     bench = sub.add_parser(
         "bench", help="measure the real daemon against the fake kubelet (prints a table)"
@@ -220,11 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         from powerdev import health
 
         return health.main(args.status_file, ready=args.ready, timeout=args.timeout)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    log_format = getattr(args, "log_format", None) or one_of(LOG_FORMATS)(
+        _env("LOG_FORMAT", "text")
     )
+    logformat.configure(args.log_level, log_format)
     if args.log_level != "debug":
         logging.getLogger("grpclib").setLevel(logging.WARNING)
     if args.command in webhook_cli.COMMANDS:
@@ -232,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     import trio
 
-    from powerdev import app, local, stepwatch  # after logging is set up
+    from powerdev import app, local, opsserver, stepwatch  # after logging is set up
 
     if args.command == "bench":
         from powerdev import bench as bench_module
@@ -252,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.config, resource_name=args.resource_name, socket_name=args.socket_name
             )
             _check_socket_paths(args.plugin_dir, args.socket_name)
+            port = opsserver.listen(args.metrics_address) if args.metrics_address else None
             settings = app.Settings(
                 plugin_dir=args.plugin_dir,
                 dev_root=args.dev_root,
@@ -264,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 udev_data=args.udev_data if args.udev_data.is_dir() else None,
                 resource_name=args.resource_name,
                 socket_name=args.socket_name,
+                metrics_socket=port,
             )
             steps = stepwatch.from_environment()
             try:
@@ -319,6 +335,17 @@ def _scan(args: argparse.Namespace) -> int:
     reports = scan.scan(config, args.dev_root, args.sys_root, udev_data, guard)
     print(scan.as_json(reports) if args.json else scan.as_text(reports))
     return 0
+
+
+def metrics_address(text: str) -> str:
+    """An argparse type: HOST:PORT, :PORT or [IPv6]:PORT (bound later)."""
+    from powerdev.opsserver import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _check_socket_paths(plugin_dir: Path, socket_name: str) -> None:

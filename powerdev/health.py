@@ -11,7 +11,7 @@ gRPC: it reads one small file and makes one connect per resource.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from powerdev.probe import socket_answers
@@ -31,6 +31,14 @@ def check(status_file: Path, *, ready: bool, say: Callable[[str], None]) -> bool
     if pid is None or not _running(pid):
         say(f"not running: {status_file} was left by process {pid}, which is gone")
         return False
+    return judge(resources, ready=ready, say=say)
+
+
+def judge(
+    resources: Mapping[str, Mapping[str, object]], *, ready: bool, say: Callable[[str], None]
+) -> bool:
+    """Alive (or, with ready, ready) by each resource's state and socket.
+    The daemon's own /healthz and /readyz answer with this too."""
     healthy = True
     for name, entry in sorted(resources.items()):
         state = str(entry.get("state"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from powerdev import metrics
 from powerdev.backoff import Backoff
 from powerdev.config import ResourceConfig
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
@@ -70,10 +71,12 @@ async def serve_resource(
             with PluginDirWatch(plugin_dir, plugin.resource.socket) as watch:
                 await _registrations(plugin, watch, socket_path, serving, report)
         except* DirectoryGone as group:
+            metrics.next_registration(plugin.resource.name, "plugin_dir_removed")
             log.warning("%s: %s; watching it again", plugin.resource.name, group.exceptions[0])
         except* OSError as group:
             # A socket or directory that a kubelet changed under our feet:
             # never a reason to exit, which would cost a pod restart.
+            metrics.next_registration(plugin.resource.name, "error")
             delay = errors.next()
             log.error(
                 "%s: %s; trying again in %.2fs", plugin.resource.name, group.exceptions[0], delay
@@ -107,6 +110,7 @@ async def _registrations(
             )
             report("waiting")
             reason = await watch.wait_for_restart()
+            metrics.next_registration(resource.name, reason)
             log.info("%s: %s; serving", resource.name, reason)
             continue
         socket_path.unlink(missing_ok=True)  # noqa: ASYNC240 (one local directory entry)
@@ -127,6 +131,7 @@ async def _registrations(
 
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
             registration.cancel_scope.cancel()
+        metrics.next_registration(resource.name, reason)
         log.info("%s: %s; serving and registering again", resource.name, reason)
         quick = trio.current_time() - began < STABLE_AFTER
         if reason == STREAM_ENDED and quick and not new_kubelet:
@@ -167,6 +172,7 @@ async def _register_until_done(
             service.registering = True
             await register(watch.kubelet_socket, resource.socket, resource.name)
         except KubeletUnreachable as err:
+            metrics.register_failed(resource.name, "unreachable")
             if str(err) != last_error:
                 log.info(
                     "%s: the kubelet does not answer (%s); it is stopping or restarting, "
@@ -176,6 +182,7 @@ async def _register_until_done(
                 )
                 last_error = str(err)
         except RegisterError as err:
+            metrics.register_failed(resource.name, "refused")
             if str(err) != last_error:
                 log.warning(
                     "%s: Register failed: %s (retrying with backoff up to %.0fs)",
@@ -186,6 +193,7 @@ async def _register_until_done(
                 last_error = str(err)
         else:
             log.info("%s: registered with the kubelet", resource.name)
+            metrics.registered(resource.name)
             report("registered")
             return
         finally:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from powerdev import metrics
 from powerdev.config import (
     ConfigError,
     ResourceConfig,
@@ -77,6 +78,7 @@ class Reloader:
                         )
                         await self.reload()
                         for plugin in list(self.running.plugins):
+                            metrics.rescan(plugin.resource.name, "sighup")
                             await self.running.rescan(plugin)
 
                 nursery.start_soon(on_hangup)
@@ -99,11 +101,13 @@ class Reloader:
         self._last_seen = seen
         if seen is None:
             log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
+            metrics.config_rejected()
             return False
         if not seen.strip():
             # Empty at start means the seed's defaults; empty now is a file
             # caught in the middle of a write, or emptied by mistake.
             log.warning("%s is empty; the last good config stays in force", path)
+            metrics.config_rejected()
             return False
         try:
             config = parse_config(
@@ -114,6 +118,7 @@ class Reloader:
             )
         except ConfigError as err:
             log.error("config not applied, the last good one stays in force: %s", err)
+            metrics.config_rejected()
             return False
         for warning in config.warnings:
             log.warning("%s", warning)
@@ -132,6 +137,7 @@ class Reloader:
             if resource != plugin.resource:
                 await self._apply(plugin, resource)
         self.running.changed()
+        metrics.config_applied()
         return True
 
     async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
@@ -143,6 +149,7 @@ class Reloader:
         )
         log.info("%s: config applied: %s", resource.name, changes)
         plugin.set_resource(resource)
+        metrics.rescan(resource.name, "config")
         await self.running.rescan(plugin)
         # What is advertised or granted for the same devices may have changed
         # (units, permissions, CDI): a new version, for every follower.

@@ -156,3 +156,23 @@ class ChannelEvents:
             except trio.WouldBlock:
                 break
         return "rescan" if "rescan" in batch else batch
+
+
+class StubResources:
+    """What a Reloader drives (app.Running), recording what it was asked to do."""
+
+    def __init__(self, plugins):
+        self.plugins = list(plugins)
+        self.calls: list[tuple[str, object]] = []
+
+    async def rescan(self, plugin):
+        self.calls.append(("rescan", plugin))
+
+    async def add(self, resource):
+        self.calls.append(("add", resource))
+
+    def remove(self, plugin):
+        self.calls.append(("remove", plugin))
+
+    def changed(self):
+        self.calls.append(("changed", None))

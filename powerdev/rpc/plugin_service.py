@@ -9,6 +9,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from powerdev import metrics
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
     AllocateResponse,
@@ -68,6 +69,7 @@ class PluginService(DevicePluginBase):
         await stream.send_message(await self.get_device_plugin_options(request or Empty()))
 
     async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
+        began = metrics.allocate_started(self._plugin.resource.name)
         requests = [
             _ids(c, ContainerAllocateRequest, "devices_i_ds")
             for c in _items(allocate_request, "container_requests")
@@ -75,10 +77,12 @@ class PluginService(DevicePluginBase):
         try:
             grants = self._plugin.allocate(requests)
         except AllocationRefused as err:
+            metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         await trio_asyncio.trio_as_aio(self._plugin.prepare)()
         # Already encoded (in a worker thread): the door's codec sends bytes as they are.
         encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
+        metrics.allocate_answered(self._plugin.resource.name, began)
         return encoded  # type: ignore[no-any-return]
 
     async def get_preferred_allocation(
@@ -127,14 +131,17 @@ class PluginService(DevicePluginBase):
         wait_newer = trio_asyncio.trio_as_aio(self._plugin.inventory.wait_newer)
         encode = trio_asyncio.trio_as_aio(self._answers.list_and_watch)
         try:
+            metrics.stream_opened(self._plugin.resource.name, from_kubelet)
             sent = 0
             while True:
                 snapshot = await wait_newer(sent)
                 await stream.send_message(await encode(snapshot))
+                metrics.list_sent(self._plugin.resource.name)
                 sent = snapshot.version
                 if from_kubelet:
                     self.kubelet_list_sent.set()
         finally:
+            metrics.stream_closed(self._plugin.resource.name, from_kubelet)
             if from_kubelet:
                 self.kubelet_stream_ended.set()
 

@@ -12,15 +12,20 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from powerdev import opsserver
 from powerdev.cli import build_parser
+from powerdev.opsserver import OpsApp
+from powerdev.status import StatusFile
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors
 OPENSHIFT_KINDS = {"SecurityContextConstraints"}  # not in the Kubernetes schemas
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}  # neither: tests/webhook/test_deploy.py checks them
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor"}  # a CRD too: checked below
 KUSTOMIZATIONS = [
     "deploy",
     "deploy/openshift",
+    "deploy/monitoring",
     "deploy/webhook",
     "deploy/webhook/openshift",
     "examples",
@@ -61,6 +66,7 @@ def test_there_is_something_to_check():
         "Namespace",
         "Pod",
         "PodDisruptionBudget",
+        "PodMonitor",
         "Role",
         "RoleBinding",
         "SecurityContextConstraints",
@@ -73,7 +79,7 @@ def test_there_is_something_to_check():
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_validates_strictly(version):
     for path, doc in manifests():
-        if doc["kind"] in OPENSHIFT_KINDS | CERT_MANAGER_KINDS:
+        if doc["kind"] in OPENSHIFT_KINDS | CERT_MANAGER_KINDS | PROMETHEUS_OPERATOR_KINDS:
             continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
@@ -96,7 +102,7 @@ def test_kustomizations_build(directory):
     for doc in docs:
         if doc["kind"] in ("DaemonSet", "Deployment", "Pod", "ServiceAccount", "ConfigMap"):
             assert doc["metadata"]["namespace"] in ("power-device-plugin", "power-dev-example")
-    if directory.startswith("deploy"):
+    if directory.startswith("deploy") and directory != "deploy/monitoring":
         (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
         image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
         assert image == "quay.io/powercloud/powerdev:0.1.0"
@@ -130,7 +136,9 @@ def test_daemonset_asks_for_no_privilege():
     assert spec.get("hostIPC", False) is False
     assert spec.get("hostNetwork", False) is False  # kernel uevents need no host network
     assert spec["automountServiceAccountToken"] is False
-    assert "ports" not in container
+    # One port: the metrics and probe port, on the pod's own IP, never the host's.
+    (port,) = container["ports"]
+    assert port == {"name": "http-metrics", "containerPort": 8080, "protocol": "TCP"}
 
 
 def test_daemonset_mounts_only_what_it_needs():
@@ -193,8 +201,13 @@ def test_daemonset_scheduling_updates_and_probes():
         "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
     }
     container = spec["containers"][0]
-    assert container["livenessProbe"]["exec"]["command"] == ["powerdev", "health"]
-    assert container["readinessProbe"]["exec"]["command"] == ["powerdev", "health", "--ready"]
+    # httpGet on the named port, answered by the daemon: no process per probe.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert not any("exec" in container[p] for p in ("livenessProbe", "readinessProbe"))
+    env = {e["name"]: e["value"] for e in container["env"]}
+    (port,) = container["ports"]
+    assert opsserver.parse_address(env["POWERDEV_METRICS_ADDRESS"]) == ("", port["containerPort"])
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert set(container["resources"]["limits"]) == {"cpu", "memory"}
 
@@ -304,10 +317,16 @@ def test_the_image_entrypoint_is_a_command_of_the_package():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'powerdev = "powerdev.cli:main"' in pyproject
     assert build_parser().parse_args(command[1:]).command == "run"
-    probes = daemonset()["spec"]["template"]["spec"]["containers"][0]
+    container = daemonset()["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    address = env["POWERDEV_METRICS_ADDRESS"]
+    assert build_parser().parse_args(["run", "--metrics-address", address]).metrics_address
+    # The probes' paths are served (a 404 would fail every probe).
+    probed = OpsApp([], StatusFile(None))
     for probe in ("livenessProbe", "readinessProbe"):
-        args = probe and probes[probe]["exec"]["command"]
-        assert build_parser().parse_args(args[1:]).command == "health"
+        path = container[probe]["httpGet"]["path"].encode()
+        assert probed.answer(b"GET", path, "")[0] == 200, path
+    assert build_parser().parse_args(["health", "--ready"]).command == "health"  # for people
 
 
 def test_dockerignore_keeps_what_the_build_copies():
@@ -351,3 +370,35 @@ def test_the_cdi_component_adds_its_mount_and_config_to_an_overlay(tmp_path, ove
 
     resource = parse_config(cm["data"]["config.json"], source="cdi").resources[0]
     assert (resource.cdi, resource.device_gid, resource.device_mode) == (True, 6, 0o660)
+
+
+def test_the_podmonitor_scrapes_the_daemonsets_named_port():
+    (monitor,) = documents("PodMonitor", "deploy/monitoring")
+    ds = daemonset()
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    ports = [p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
+@pytest.mark.parametrize("directory", ["deploy", "deploy/openshift", "deploy/monitoring"])
+def test_every_object_an_overlay_makes_carries_the_label_an_uninstall_can_find(directory):
+    """So that `kubectl get ... -l app.kubernetes.io/part-of=powerdev` finds what
+    a partial uninstall left (a cluster-scoped SCC above all), and no selector
+    or pod template changed because of it."""
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for doc in yaml.safe_load_all(done.stdout):
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev", doc["kind"]
+        if doc["kind"] == "DaemonSet":
+            assert doc["spec"]["selector"] == {"matchLabels": {"app": "power-device-plugin"}}
+            assert doc["spec"]["template"]["metadata"]["labels"] == {"app": "power-device-plugin"}

@@ -1,0 +1,272 @@
+"""The daemon's Prometheus metrics: one registry, its metric objects, and the
+plain functions that the places which count things call, one line each.
+
+Nothing here imports Trio, asyncio or powerdev.rpc, so the gRPC service may
+call these functions too. Counters live for the process; what describes the
+present (devices, open streams, each resource's state) is read when scraped.
+opsserver.py serves the registry over HTTP; oplog.py writes the log lines
+that go with some of these counts (Allocate refusals).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+from powerdev import __version__, oplog
+
+if TYPE_CHECKING:
+    from powerdev.plugin import Plugin
+    from powerdev.status import StatusFile
+
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)  # CPU seconds, resident memory, open fds, start time
+PlatformCollector(registry=REGISTRY)  # python_info
+
+BUILD = Info("powerdev_build", "The running powerdev's version", registry=REGISTRY)
+BUILD.info({"version": __version__, "python": platform.python_version()})
+
+REGISTRATIONS = Counter(
+    "powerdev_registrations",
+    "Registrations accepted by the kubelet, by what made powerdev register "
+    "(start, kubelet_restart, stream_end, socket_removed, plugin_dir_removed, error)",
+    ["resource", "cause"],
+    registry=REGISTRY,
+)
+REGISTER_FAILURES = Counter(
+    "powerdev_register_failures",
+    "Register calls that failed: the kubelet did not answer (unreachable) or refused",
+    ["resource", "kind"],
+    registry=REGISTRY,
+)
+LIST_MESSAGES = Counter(
+    "powerdev_listandwatch_messages",
+    "ListAndWatch messages sent, to every client",
+    ["resource"],
+    registry=REGISTRY,
+)
+STREAMS = Gauge(
+    "powerdev_listandwatch_streams",
+    "ListAndWatch streams open now, the kubelet's and any other client's",
+    ["resource", "client"],
+    registry=REGISTRY,
+)
+ALLOCATE_CALLS = Counter(
+    "powerdev_allocate_calls", "Allocate calls received", ["resource"], registry=REGISTRY
+)
+ALLOCATE_REFUSALS = Counter(
+    "powerdev_allocate_refusals",
+    "Allocate calls refused, by reason (unknown_id, unhealthy_id, other)",
+    ["resource", "reason"],
+    registry=REGISTRY,
+)
+ALLOCATE_SECONDS = Histogram(
+    "powerdev_allocate_duration_seconds",
+    "Time to answer an Allocate call (granted or refused)",
+    ["resource"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+EVENTS = Counter(
+    "powerdev_device_events",
+    "Device events received, by source (kernel or udev uevents, inotify, host_use)",
+    ["source"],
+    registry=REGISTRY,
+)
+EVENT_BATCHES = Counter(
+    "powerdev_device_event_batches",
+    "Batches of device events applied together (one read of everything ready)",
+    ["source"],
+    registry=REGISTRY,
+)
+RESCANS = Counter(
+    "powerdev_rescans",
+    "Full rescans of a resource's devices, by cause (start, interval, events_lost, sighup, config)",
+    ["resource", "cause"],
+    registry=REGISTRY,
+)
+RELOADS = Counter(
+    "powerdev_config_reloads",
+    "config.json changes acted on: applied, or rejected (the last good config stays)",
+    ["result"],
+    registry=REGISTRY,
+)
+LAST_GOOD_CONFIG = Gauge(
+    "powerdev_config_last_applied_timestamp_seconds",
+    "When the config in force was read (at start, or the last applied reload)",
+    registry=REGISTRY,
+)
+for _result in ("applied", "rejected"):
+    RELOADS.labels(_result)
+
+STATES = ("waiting", "serving", "registered")
+_next_cause: dict[str, str] = {}  # resource -> why its next registration happens
+_REASONS = (  # words of registration.py's and kubelet/watch.py's reasons -> cause
+    ("ListAndWatch stream", "stream_end"),
+    ("kubelet.sock was created again", "kubelet_restart"),
+    ("socket", "socket_removed"),
+)
+
+
+# --- hooks: each called from one place that counts ---------------------------
+
+
+def next_registration(resource: str, reason: str) -> None:
+    """Why the next registration of `resource` happens: a cause label, or the
+    reason registration.py logs (classified here)."""
+    cause = next((c for words, c in _REASONS if words in reason), reason)
+    _next_cause[resource] = cause if cause.isidentifier() else "other"
+
+
+def registered(resource: str) -> None:
+    REGISTRATIONS.labels(resource, _next_cause.pop(resource, "start")).inc()
+
+
+def register_failed(resource: str, kind: str) -> None:
+    REGISTER_FAILURES.labels(resource, kind).inc()
+
+
+def stream_opened(resource: str, from_kubelet: bool) -> None:
+    STREAMS.labels(resource, "kubelet" if from_kubelet else "other").inc()
+
+
+def stream_closed(resource: str, from_kubelet: bool) -> None:
+    STREAMS.labels(resource, "kubelet" if from_kubelet else "other").dec()
+
+
+def list_sent(resource: str) -> None:
+    LIST_MESSAGES.labels(resource).inc()
+
+
+def allocate_started(resource: str) -> float:
+    """Count an Allocate call; returns the start time for allocate_answered()."""
+    ALLOCATE_CALLS.labels(resource).inc()
+    return time.perf_counter()
+
+
+def allocate_answered(resource: str, began: float) -> None:
+    ALLOCATE_SECONDS.labels(resource).observe(time.perf_counter() - began)
+
+
+def allocate_refused(
+    plugin: Plugin, requests: Sequence[Sequence[str]], error: Exception, began: float
+) -> None:
+    """Count a refused Allocate by reason, time it, and log it (rate-limited)."""
+    resource = plugin.resource.name
+    reason = refusal_reason(plugin, requests)
+    ALLOCATE_REFUSALS.labels(resource, reason).inc()
+    allocate_answered(resource, began)
+    oplog.refusal(resource, reason, requests, str(error))
+
+
+def refusal_reason(plugin: Plugin, requests: Sequence[Sequence[str]]) -> str:
+    advertised = {unit.id: unit.healthy for unit in plugin.units()}
+    ids = [i for ids in requests for i in ids]
+    if any(i not in advertised for i in ids):
+        return "unknown_id"
+    if any(not advertised[i] for i in ids):
+        return "unhealthy_id"
+    return "other"
+
+
+def events_received(source: object, batch: object) -> None:
+    """One batch from a device event source (a list of events, or a rescan)."""
+    name = _source_name(source)
+    EVENT_BATCHES.labels(name).inc()
+    EVENTS.labels(name).inc(len(batch) if isinstance(batch, list) else 1)
+
+
+def _source_name(source: object) -> str:
+    kind = getattr(source, "source", None)  # NetlinkEvents: "kernel" or "udev"
+    if isinstance(kind, str):
+        return kind
+    return {"DirEvents": "inotify", "HostUseEvents": "host_use"}.get(type(source).__name__, "other")
+
+
+def rescan(resource: str, cause: str) -> None:
+    RESCANS.labels(resource, cause).inc()
+
+
+def config_loaded() -> None:
+    LAST_GOOD_CONFIG.set(time.time())
+
+
+def config_applied() -> None:
+    RELOADS.labels("applied").inc()
+    config_loaded()
+
+
+def config_rejected() -> None:
+    RELOADS.labels("rejected").inc()
+
+
+# --- what describes the present: read at each scrape -------------------------
+
+
+class _Present:
+    """Devices, advertised units and state of every resource being served."""
+
+    def __init__(self) -> None:
+        self.served: list[tuple[list[Plugin], StatusFile]] = []
+
+    def collect(self) -> Iterable[Any]:
+        devices = GaugeMetricFamily(
+            "powerdev_devices",
+            "Device nodes found for a resource, by health",
+            labels=["resource", "health"],
+        )
+        units = GaugeMetricFamily(
+            "powerdev_advertised_units",
+            "IDs advertised to the kubelet (one per device, or upper-limit shares), by health",
+            labels=["resource", "health"],
+        )
+        states = GaugeMetricFamily(
+            "powerdev_resource_state",
+            "1 for the state each resource is in: waiting (for the kubelet), "
+            "serving (Register not yet accepted), registered",
+            labels=["resource", "state"],
+        )
+        for plugins, status in self.served:
+            for plugin in plugins:
+                name = plugin.resource.name
+                listed = plugin.inventory.current.devices
+                healthy = sum(d.healthy for d in listed)
+                devices.add_metric([name, "healthy"], healthy)
+                devices.add_metric([name, "unhealthy"], len(listed) - healthy)
+                advertised = plugin.units()
+                good = sum(u.healthy for u in advertised)
+                units.add_metric([name, "healthy"], good)
+                units.add_metric([name, "unhealthy"], len(advertised) - good)
+                state = status.resources.get(name, {}).get("state", "waiting")
+                for each in STATES:
+                    states.add_metric([name, each], 1.0 if state == each else 0.0)
+        return [devices, units, states]
+
+
+_PRESENT = _Present()
+REGISTRY.register(_PRESENT)
+
+
+@contextlib.contextmanager
+def serving(plugins: list[Plugin], status: StatusFile) -> Iterator[None]:
+    """Report these resources' devices and state while the block runs."""
+    entry = (plugins, status)
+    _PRESENT.served.append(entry)
+    try:
+        yield
+    finally:
+        _PRESENT.served.remove(entry)

@@ -1,0 +1,212 @@
+"""What the daemon tells an operator in its log, worded here: the start
+lines, device list changes (what changed, in natural order, with counts in
+proper grammar), and Allocate refusals (each with the IDs asked for and the
+reason, rate-limited). Plain functions and small state; no Trio.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from powerdev import __version__
+
+log = logging.getLogger(__name__)
+MOST_NAMES = 20  # names shown for each kind of change; the rest are counted
+REFUSAL_BURST = 5  # refusals logged at once per resource and reason ...
+REFUSAL_PERIOD = 10.0  # ... then one per this many seconds, with a count of those left out
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 device`, `2 devices`, `no device`."""
+    if count == 0:
+        return f"no {noun}"
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key that orders numbers by value: loop4, loop5, loop42."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def short_name(path: str) -> str:
+    """A device path as an admin names it: /dev/loop42 -> loop42."""
+    return path.removeprefix("/dev/")
+
+
+def names(paths: Iterable[str], most: int = MOST_NAMES) -> str:
+    ordered = sorted((short_name(p) for p in paths), key=natural_key)
+    shown = ", ".join(ordered[:most])
+    left = len(ordered) - most
+    return shown + (f" and {left:,} more" if left > 0 else "")
+
+
+def describe_change(
+    before: Mapping[str, bool] | None, after: Mapping[str, bool], most: int = MOST_NAMES
+) -> str | None:
+    """What changed between two device lists (path -> healthy), or None if
+    nothing did. The first list is described as what was found."""
+    healthy = sum(after.values())
+    total = plural(len(after), "device")
+    if len(after) != healthy:
+        total += f" ({len(after) - healthy} Unhealthy)"
+    if before is None:
+        return f"{total}: {names(after, most)}" if after else total
+    parts = []
+    added = [p for p in after if p not in before]
+    removed = [p for p in before if p not in after]
+    sick = [p for p in after if p in before and before[p] and not after[p]]
+    well = [p for p in after if p in before and not before[p] and after[p]]
+    if added:
+        parts.append(f"added {names(added, most)}")
+    if removed:
+        parts.append(f"removed {names(removed, most)}")
+    if sick:
+        parts.append(f"Unhealthy (another device now under the name): {names(sick, most)}")
+    if well:
+        parts.append(f"Healthy again: {names(well, most)}")
+    if not parts:
+        return None
+    return f"{'; '.join(parts)}; now {total}"
+
+
+class DeviceLog:
+    """The last device list logged for each resource, to log what changed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, bool]] = {}
+
+    def change(self, resource: str, devices: Iterable[Any]) -> str | None:
+        """The line for this list (objects with .path and .healthy), or None."""
+        now = {d.path: d.healthy for d in devices}
+        text = describe_change(self._last.get(resource), now)
+        self._last[resource] = now
+        return text
+
+
+# --- the start lines ----------------------------------------------------------
+
+
+CONFIG_NAMES = {  # ResourceConfig field -> its name in config.json
+    "include": "include-devices",
+    "exclude": "exclude-devices",
+    "strategy": "discovery-strategy",
+    "allow_host_used": "allow-host-used-devices",
+}
+
+
+def describe_resource(resource: Any) -> str:
+    """Every setting of a resource (a dataclass), by its config.json name."""
+    shown = []
+    for item in fields(resource):
+        if item.name in ("name", "socket"):
+            continue
+        value = getattr(resource, item.name)
+        if value is None or (item.name == "match_properties" and not value):
+            continue  # not set: nothing to say (device-uid, device-gid, ...)
+        if item.name == "device_mode":
+            value = f"{value:04o}"
+        elif item.name == "match_properties":
+            value = "{" + ", ".join(f"{k}: {'|'.join(g)}" for k, g in value) + "}"
+        elif item.name == "upper_limit" and value == 0:
+            value = "0 (one unit per device)"
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        elif isinstance(value, tuple):
+            value = "[" + ", ".join(map(str, value)) + "]"
+        elif isinstance(value, float) and value.is_integer():
+            value = f"{int(value)}s" if "interval" in item.name else int(value)
+        shown.append(f"{CONFIG_NAMES.get(item.name, item.name.replace('_', '-'))} {value}")
+    return ", ".join(shown)
+
+
+EVENT_SOURCES = {
+    "kernel": "kernel uevents (netlink)",
+    "udev": "udev events (netlink)",
+    "off": "no uevents (--uevents off)",
+    "caller": "a source given by the caller",
+}
+
+
+def start_lines(settings: Any, config: Any, events: str) -> list[str]:
+    """The version, where the config came from, the event sources, the
+    metrics port; then each resource's socket and every effective setting."""
+    from powerdev.opsserver import bound_address
+
+    source = config.source if config.raw is not None else f"{config.source} (missing: defaults)"
+    watched = (
+        "" if events == "caller" else " + inotify on the device directories + host mount changes"
+    )
+    port = settings.metrics_socket
+    lines = [
+        f"powerdev {__version__} starting: config {source}; "
+        f"events: {EVENT_SOURCES.get(events, events)}{watched}; "
+        f"/metrics, /healthz, /readyz: {bound_address(port) if port else 'off'}"
+    ]
+    for resource in config.resources:
+        lines.append(
+            f"{resource.name}: socket {settings.plugin_dir / resource.socket}; "
+            f"{describe_resource(resource)}"
+        )
+    return lines
+
+
+def log_start(settings: Any, config: Any, events: str) -> None:
+    for line in start_lines(settings, config, events):
+        log.info("%s", line)
+
+
+# --- Allocate refusals, rate-limited -------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+    left_out: int = 0
+
+
+class RefusalLog:
+    """Logs each refusal, up to REFUSAL_BURST at once and then one per
+    REFUSAL_PERIOD for each (resource, reason); a logged line says how many
+    were left out since the last one."""
+
+    def __init__(self, burst: int = REFUSAL_BURST, period: float = REFUSAL_PERIOD) -> None:
+        self.burst = burst
+        self.period = period
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+
+    def line(
+        self, resource: str, reason: str, requests: Sequence[Sequence[str]], error: str, now: float
+    ) -> str | None:
+        bucket = self._buckets.setdefault((resource, reason), _Bucket(self.burst, now))
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) / self.period)
+        bucket.stamp = now
+        if bucket.tokens < 1:
+            bucket.left_out += 1
+            return None
+        bucket.tokens -= 1
+        asked = "; ".join(", ".join(ids) or "(none)" for ids in requests) or "(none)"
+        if len(asked) > 300:
+            asked = asked[:300] + "..."
+        text = (
+            f"{resource}: Allocate refused ({reason}) for requested IDs [{asked}]: {error}; "
+            f"the kubelet fails the pod with UnexpectedAdmissionError"
+        )
+        if bucket.left_out:
+            text += f" ({plural(bucket.left_out, 'similar refusal')} not logged before this one)"
+            bucket.left_out = 0
+        return text
+
+
+_refusals = RefusalLog()
+
+
+def refusal(resource: str, reason: str, requests: Sequence[Sequence[str]], error: str) -> None:
+    text = _refusals.line(resource, reason, requests, error, time.monotonic())
+    if text is not None:
+        log.warning("%s", text)

@@ -1,0 +1,144 @@
+"""`powerdev run --metrics-address ... --log-format json` as a real process:
+its log is one JSON object per line with zoned timestamps and says what it
+started with; its port answers probes while bad clients hang on; it stops
+with exit 0. And bad addresses stop it at start with one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from datetime import datetime
+
+import trio
+
+from powerdev import opsserver
+from powerdev.kubelet.fake import FakeKubelet
+from powerdev.rpc import asyncio_door
+from powerdev.testing import run_command
+from tests.conftest import make_dev_tree
+from tests.integration.test_opsport import get, http
+
+LIMIT = 30
+RESOURCE = "power-dev-plugin/dev"
+
+
+class Lines:
+    """A child's stderr, line by line, as it comes."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.lines: list[str] = []
+        self._new = trio.Event()
+
+    async def read(self) -> None:
+        buffer = b""
+        while chunk := await self.stream.receive_some(65536):
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n")
+            self.lines.extend(line.decode() for line in done)
+            self._new.set()
+            self._new = trio.Event()
+
+    async def wait_for(self, pattern: str) -> re.Match:
+        seen = 0
+        while True:
+            for line in self.lines[seen:]:
+                if found := re.search(pattern, line):
+                    return found
+            seen = len(self.lines)
+            await self._new.wait()
+
+
+async def test_the_daemon_process_logs_json_and_its_port_outlasts_bad_clients(tmp_path):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-10", "dm-2", "dm-1"])
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/dm-*"], "permissions": "r"}')
+    plugin_dir = tmp_path / "device-plugins"
+    command = run_command(
+        plugin_dir, config, dev, "--metrics-address", "127.0.0.1:0", "--log-format", "json"
+    )
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
+            lines = Lines(proc.stderr)
+            nursery.start_soon(lines.read)
+            try:
+                found = await lines.wait_for(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
+                port = int(found.group(1))
+                await kubelet.wait_until(
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
+                )
+                assert (await get(port, "/readyz"))[0] == 200
+
+                assert (await http(port, b"\x00\xff" * 5000 + b"\r\n\r\n"))[0] in (400, 431)
+                big = b"GET /readyz HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n"
+                assert (await http(port, big))[0] == 431
+                # Slow clients holding all slots but one: probes still answered at once.
+                held = []
+                for _ in range(opsserver.MAX_CONNECTIONS - 1):
+                    stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    await stream.send_all(b"GET /metrics HTTP/1.1\r\n")
+                    held.append(stream)
+                assert (await get(port, "/healthz"))[0] == 200
+                grant = await kubelet.allocate(RESOURCE, ["dm-1"])
+                assert sorted(d.host_path for d in grant.devices) == [
+                    "/dev/dm-1",
+                    "/dev/dm-10",
+                    "/dev/dm-2",
+                ]
+                for stream in held:
+                    await stream.aclose()
+                status, _, body = await get(port, "/metrics")
+                assert status == 200 and b'powerdev_allocate_calls_total{resource="' in body
+                assert proc.returncode is None  # still running
+
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            nursery.cancel_scope.cancel()
+
+    records = [json.loads(line) for line in lines.lines if line]
+    assert records and all(set(r) >= {"time", "level", "logger", "message"} for r in records)
+    for record in records:
+        assert datetime.fromisoformat(record["time"]).utcoffset() is not None, record["time"]
+    messages = [r["message"] for r in records]
+    start = messages[0]
+    assert start.startswith("powerdev 0.1.0 starting: config ") and "events: " in start, start
+    assert f"/metrics, /healthz, /readyz: 127.0.0.1:{port}" in start
+    assert any(
+        m.startswith(f"{RESOURCE}: socket {plugin_dir}/power-dev.csi.ibm.com-reg.sock; ")
+        and "permissions r," in m
+        and "include-devices [/dev/dm-*]" in m
+        and "upper-limit 0 (one unit per device)" in m
+        for m in messages
+    ), messages
+    assert f"{RESOURCE}: 3 devices: dm-1, dm-2, dm-10" in messages  # natural order
+
+
+def test_a_bad_or_busy_metrics_address_stops_the_daemon_with_one_line(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "powerdev", "run", "--plugin-dir", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=LIMIT,
+            check=False,
+        )
+
+    done = run("--metrics-address", "8080")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "argument --metrics-address: '8080' is not HOST:PORT" in done.stderr
+    busy = opsserver.listen("127.0.0.1:0")
+    with busy:
+        address = opsserver.bound_address(busy)
+        done = run("--metrics-address", address, "--config", str(tmp_path / "none.json"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"--metrics-address: cannot listen on {address}: Address already in use" in done.stderr
