@@ -193,6 +193,9 @@ class Running:
                 where,
             )
         self.plugins.append(plugin)
+        # Its scope exists from now on, so a reload that removes it before
+        # it serves (the kubelet not up yet) cancels it all the same.
+        self._scopes[resource.name] = trio.CancelScope()
         self._watch()
         metrics.rescan(resource.name, "start")
         await scan(plugin)
@@ -201,7 +204,10 @@ class Running:
         return plugin
 
     async def start(self, plugin: Plugin, *, wait: bool) -> None:
-        """Serve and register it; with wait, return once it is serving."""
+        """Serve and register it; with wait, return once it is serving.
+        One removed by a reload meanwhile is not served."""
+        if plugin not in self.plugins:
+            return
         if wait:
             await self._nursery.start(self._serve, plugin)
         else:
@@ -248,8 +254,11 @@ class Running:
     ) -> None:
         writer = SpecWriter(self.settings.cdi_spec_dir)
         plugin.prepare = partial(_write_spec, writer, plugin)
-        with trio.CancelScope() as scope:
-            self._scopes[plugin.resource.name] = scope
+        scope = self._scopes.get(plugin.resource.name)
+        if scope is None or plugin not in self.plugins:
+            task_status.started()
+            return  # removed before it was served
+        with scope:
             async with trio.open_nursery() as resource:
                 resource.start_soon(_keep_spec, writer, plugin)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
@@ -304,7 +313,7 @@ async def _keep_spec(writer: SpecWriter, plugin: Plugin) -> None:
                     err,
                 )
     finally:
-        writer.remove()
+        await writer.close()
 
 
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:

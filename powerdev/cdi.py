@@ -109,24 +109,34 @@ class SpecWriter:
         self._written: tuple[object, ...] | None = None  # what the file holds now
         self._path: Path | None = None
         self._lock = trio.Lock()
+        self._closed = False
 
     async def ensure(self, resource: ResourceConfig, snapshot: Snapshot) -> None:
         """The file holds this snapshot's healthy devices, or is gone when CDI
         is off. Returns once that is so: Allocate waits on it."""
         key = (resource, snapshot.version) if resource.cdi else None
-        if key == self._written:
+        if key == self._written or self._closed:
             return
         async with self._lock:
-            if key == self._written:
+            if key == self._written or self._closed:
                 return
             if resource.cdi:
                 path = spec_path(self.spec_dir, resource.name)
                 data = json.dumps(build_spec(resource, snapshot.devices), indent=1).encode()
-                await trio.to_thread.run_sync(write_atomically, path, data)
-                self._path = path
+                self._path = path  # known before it exists: close() will find it
+                with trio.CancelScope(shield=True):  # the thread runs to the end anyway
+                    await trio.to_thread.run_sync(write_atomically, path, data)
             else:
                 self.remove()
             self._written = key
+
+    async def close(self) -> None:
+        """The resource stops: no more writes, and its spec goes. Waits for a
+        write in progress, so none lands after the removal."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                self.remove()
 
     def remove(self) -> None:
         if self._path is not None:

@@ -14,8 +14,10 @@ from powerdev.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_RESOURCE_NAME,
     DEFAULT_SOCKET_NAME,
+    Config,
     ConfigError,
     load_config,
+    socket_path_problem,
 )
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
 from powerdev.status import DEFAULT_STATUS_FILE
@@ -24,7 +26,6 @@ from powerdev.webhook import cli as webhook_cli
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 UEVENT_SOURCES = ("auto", "udev", "kernel", "off")
-UNIX_PATH_MAX = 107  # bytes in a unix socket path (sun_path holds 108, with the NUL)
 
 
 def _env(name: str, default: str) -> str:
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(
                 args.config, resource_name=args.resource_name, socket_name=args.socket_name
             )
-            _check_socket_paths(args.plugin_dir, args.socket_name)
+            _check_socket_paths(args.plugin_dir, config)
             port = opsserver.listen(args.metrics_address) if args.metrics_address else None
             settings = app.Settings(
                 plugin_dir=args.plugin_dir,
@@ -348,17 +349,13 @@ def metrics_address(text: str) -> str:
     return text
 
 
-def _check_socket_paths(plugin_dir: Path, socket_name: str) -> None:
+def _check_socket_paths(plugin_dir: Path, config: Config) -> None:
     """Refuse, at start, socket paths the kernel cannot bind or dial."""
-    for name in (socket_name, "kubelet.sock"):
-        path = plugin_dir.absolute() / name
-        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+    for name in (*(r.socket for r in config.resources), "kubelet.sock"):
+        problem = socket_path_problem(plugin_dir, name)
+        if problem:
             raise ConfigError(
-                "--plugin-dir",
-                None,
-                f"the socket path {path} is {len(os.fsencode(path))} bytes, over the "
-                f"{UNIX_PATH_MAX} a unix socket path may have",
-                "use a shorter --plugin-dir (or --socket-name)",
+                "--plugin-dir", None, problem, "use a shorter --plugin-dir, or shorter socket names"
             )
 
 

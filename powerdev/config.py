@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -168,6 +169,8 @@ def pattern_problem(pattern: str, *, include: bool = True) -> str | None:
     """Why a glob pattern is unusable, or None. Patterns are Go globs (see
     devices/gomatch.py); an include pattern must point below /dev, since
     only device nodes are ever advertised."""
+    if "\0" in pattern:
+        return "it holds a NUL character, which no path has"
     if not pattern.startswith("/"):
         return "patterns are absolute host paths, like /dev/dm-*"
     problem = gomatch.problem(pattern)
@@ -175,6 +178,33 @@ def pattern_problem(pattern: str, *, include: bool = True) -> str | None:
         return f"not a valid Go glob pattern: {problem}"
     if include and not pattern.startswith("/dev/"):
         return "it can never match: device nodes live under /dev"
+    return None
+
+
+RESERVED_NAMES = ("kubelet.sock", "kubelet_internal_checkpoint")  # the kubelet's own
+UNIX_PATH_MAX = 107  # bytes in a unix socket path (sun_path holds 108, with the NUL)
+
+
+def socket_problem(name: object) -> str | None:
+    """Why a socket file name cannot be ours, or None."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        return "is not a file name"
+    if "/" in name or "\0" in name:
+        return "is not a bare file name (no '/', no NUL)"
+    if name in RESERVED_NAMES:
+        return "is the kubelet's own file"
+    return None
+
+
+def socket_path_problem(plugin_dir: Path, name: str) -> str | None:
+    """Why a socket at plugin_dir/name could not be bound or dialled, or None."""
+    path = plugin_dir.absolute() / name
+    size = len(os.fsencode(path))
+    if size > UNIX_PATH_MAX:
+        return (
+            f"the socket path {path} is {size} bytes, over the {UNIX_PATH_MAX} "
+            "a unix socket path may have"
+        )
     return None
 
 
@@ -229,16 +259,18 @@ def parse_config(
                 f"{resource_name!r}: {problem}",
                 f"use a name such as {DEFAULT_RESOURCE_NAME}",
             )
-        if not socket_name or "/" in socket_name:
+        problem = socket_problem(socket_name)
+        if problem:
             raise ConfigError(
                 "--socket-name",
                 None,
-                f"{socket_name!r} is not a bare file name",
+                f"{socket_name!r} {problem}",
                 f"use a file name such as {DEFAULT_SOCKET_NAME}",
             )
         res, warnings = _resource_fields(data, source, "")
         _check_mode(res, source, "")
         resource = ResourceConfig(name=resource_name, socket=socket_name, **res)  # type: ignore[arg-type]
+        _check_cdi(resource, source, "cdi")
         return Config(source=source, resources=(resource,), warnings=warnings)
     return _parse_resources(data, source)
 
@@ -357,7 +389,15 @@ def _resource_fields(
     if "scan-interval" in data:
         raw = data["scan-interval"]
         if isinstance(raw, int) and not isinstance(raw, bool):
-            seconds = raw / 1e9  # Go decodes a bare number into a Duration as nanoseconds
+            # Go decodes a bare number into a Duration as nanoseconds (an int64)
+            if not -(2**63) <= raw < 2**63:
+                raise ConfigError(
+                    source,
+                    prefix + "scan-interval",
+                    "is a number of nanoseconds out of range",
+                    'write a duration such as "30s", "10m" or "2h"',
+                )
+            seconds = raw / 1e9
         else:
             raw = want("scan-interval", str, 'a duration string such as "30s", "10m" or "2h"')
             try:
@@ -439,13 +479,40 @@ def _match_properties(
                 'write a glob string, or a list of them, such as "mpath-*"',
             )
         for glob in globs:
-            problem = gomatch.problem(glob)
+            problem = "it holds a NUL character" if "\0" in glob else gomatch.problem(glob)
             if problem:
                 raise ConfigError(
                     source, f"{field_name}.{key}", f"{glob!r}: {problem}", "fix the glob"
                 )
         matched.append((key, tuple(globs)))
     return tuple(sorted(matched))
+
+
+_CDI_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+_CDI_CLASS = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
+
+
+def cdi_name_problem(resource_name: str) -> str | None:
+    """Why a resource name cannot be the kind (vendor/class) of a CDI spec
+    that containerd and CRI-O load, or None."""
+    vendor, _, cls = resource_name.partition("/")
+    if not _CDI_VENDOR.match(vendor):
+        return f"CDI needs a vendor that starts with a letter, and {vendor!r} does not"
+    if not _CDI_CLASS.match(cls):
+        return f"CDI needs a class of letters, digits, '-' and '_', and {cls!r} is not"
+    return None
+
+
+def _check_cdi(resource: ResourceConfig, source: str, where: str) -> None:
+    if resource.cdi:
+        problem = cdi_name_problem(resource.name)
+        if problem:
+            raise ConfigError(
+                source,
+                where,
+                f"{resource.name!r}: {problem}",
+                "rename the resource, or turn cdi off",
+            )
 
 
 def _check_mode(res: dict[str, object], source: str, prefix: str) -> None:
@@ -504,17 +571,20 @@ def _parse_resources(data: dict[str, object], source: str) -> Config:
                 "name each resource as an extended resource, such as power-dev-plugin/lun",
             )
         socket = entry.get("socket", default_socket(name))
-        if not isinstance(socket, str) or not socket or "/" in socket:
+        problem = socket_problem(socket)
+        if problem:
             raise ConfigError(
                 source,
                 prefix + "socket",
-                f"{socket!r} is not a bare file name",
+                f"{socket!r} {problem}",
                 "use a file name such as lun.sock, or leave it out",
             )
         res, more = _resource_fields(entry, source, prefix)
         _check_mode(res, source, prefix)
         warnings.extend(more)
-        resources.append(ResourceConfig(name=name, socket=socket, **res))  # type: ignore[arg-type]
+        resource = ResourceConfig(name=name, socket=socket, **res)  # type: ignore[arg-type]
+        _check_cdi(resource, source, prefix + "name")
+        resources.append(resource)
     for field_name, attr in (("name", "name"), ("socket", "socket")):
         seen: dict[str, int] = {}
         for i, resource in enumerate(resources):

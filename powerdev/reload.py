@@ -28,6 +28,7 @@ from powerdev.config import (
     decode_config,
     parse_config,
     read_config_bytes,
+    socket_path_problem,
 )
 from powerdev.configwatch import ConfigWatch
 from powerdev.plugin import Plugin
@@ -61,6 +62,7 @@ class Reloader:
         self.settings = settings
         self.running = running
         self._last_seen: bytes | None = loaded  # what the running config was read from
+        self._lock = trio.Lock()  # SIGHUP and inotify may both ask at once: one at a time
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with (
@@ -88,6 +90,10 @@ class Reloader:
 
     async def reload(self) -> bool:
         """Read the config again and apply what changed; False if it was bad."""
+        async with self._lock:
+            return await self._reload()
+
+    async def _reload(self) -> bool:
         path = self.config_path
         problem = None
         try:
@@ -120,6 +126,26 @@ class Reloader:
             log.error("config not applied, the last good one stays in force: %s", err)
             metrics.config_rejected()
             return False
+        except Exception as err:  # a hole in validation must never end the daemon
+            log.error(
+                "config not applied, the last good one stays in force: %s: %s: %s",
+                path,
+                type(err).__name__,
+                err,
+            )
+            metrics.config_rejected()
+            return False
+        for resource in config.resources:
+            problem = socket_path_problem(self.settings.plugin_dir, resource.socket)
+            if problem:
+                log.error(
+                    "config not applied, the last good one stays in force: %s: %s; "
+                    "use shorter socket names",
+                    path,
+                    problem,
+                )
+                metrics.config_rejected()
+                return False
         for warning in config.warnings:
             log.warning("%s", warning)
         wanted = {r.name: r for r in config.resources}
@@ -130,12 +156,15 @@ class Reloader:
         serving = {p.resource.name: p for p in self.running.plugins}
         for name, resource in wanted.items():
             plugin = serving.get(name)
-            if plugin is None:
-                await self.running.add(resource)
-                continue
-            resource = _keep_unit_model(plugin.resource, resource, str(path))
-            if resource != plugin.resource:
-                await self._apply(plugin, resource)
+            try:
+                if plugin is None:
+                    await self.running.add(resource)
+                    continue
+                resource = _keep_unit_model(plugin.resource, resource, str(path))
+                if resource != plugin.resource:
+                    await self._apply(plugin, resource)
+            except Exception as err:  # say, a device path the kernel refuses to stat
+                log.error("%s: not applied: %s: %s", name, type(err).__name__, err)
         self.running.changed()
         metrics.config_applied()
         return True

@@ -75,6 +75,8 @@ class Tracker:
         self.udev_data: Path | None = None  # udev's database, for properties (app sets it)
         self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
         self._scans = 0  # rescans running now
+        self._scan_seq = 0  # rescans begun
+        self._published_seq = 0  # the latest-begun rescan published
         self._during_scan: set[str] = set()  # paths events named while a rescan ran
         # Set by the app: keeps devices the host uses out (None: no such screen).
         self.guard: HostUseGuard | None = None
@@ -89,27 +91,41 @@ class Tracker:
         The scan (thousands of stat calls, and the host-use screen's reads of
         sysfs) runs in a worker thread. Events that arrive meanwhile are
         applied at once, and their paths probed again after the scan is
-        published, since the scan may predate them."""
+        published, since the scan may predate them. Rescans may overlap (an
+        event, SIGHUP, the timer, a config change): one that began before
+        the last published one is dropped, since it saw an older host and
+        maybe an older config."""
         self._scans += 1
+        self._scan_seq += 1
+        began = self._scan_seq
         try:
-            found = await trio.to_thread.run_sync(self._discover, dict(self.inventory.by_path))
+            found, unmatched = await trio.to_thread.run_sync(
+                self._discover, self.resource, dict(self.inventory.by_path)
+            )
         finally:
             self._scans -= 1
-        changed = self._publish_scan(found)
+        changed = False
+        if began > self._published_seq:
+            self._published_seq = began
+            self._unmatched = {}
+            for device in unmatched:
+                self._unmatched.setdefault((device.major, device.minor), set()).add(device.path)
+            changed = self._publish_scan(found)
         if self._during_scan and not self._scans:
             again, self._during_scan = self._during_scan, set()
             changed |= self._probe(again)
         return changed
 
-    def _discover(self, listed: dict[str, Device]) -> tuple[Device, ...]:
+    def _discover(
+        self, resource: ResourceConfig, listed: dict[str, Device]
+    ) -> tuple[tuple[Device, ...], list[Device]]:
+        """In a worker thread: what the host has for this resource now, and
+        the nodes left out for their udev properties."""
         unmatched: list[Device] = []
-        found = discover(self.resource, self.dev_root, self.sys_root, self.udev_data, unmatched)
-        self._unmatched = {}
-        for device in unmatched:
-            self._unmatched.setdefault((device.major, device.minor), set()).add(device.path)
+        found = discover(resource, self.dev_root, self.sys_root, self.udev_data, unmatched)
         if self.guard is not None:
             found = tuple(self.guard.screen(found, listed, allow=self.allow_host_used))
-        return found
+        return found, unmatched
 
     def _publish_scan(self, found: tuple[Device, ...]) -> bool:
         present = {d.path for d in found}

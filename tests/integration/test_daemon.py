@@ -334,3 +334,19 @@ async def test_an_unknown_field_is_warned_about_once(tmp_path, dev, caplog):
             await h.kubelet.wait_until(lambda k: h.state().capacity == 2)
     warnings = [r for r in caplog.records if "'debug' is not known" in r.getMessage()]
     assert len(warnings) == 1
+
+
+async def test_a_resource_removed_before_it_serves_is_never_served(tmp_path, dev):
+    """The kubelet is not up yet, so serving waits; a reload removes the
+    resource meanwhile: it must not be served when the kubelet comes."""
+    settings = app.Settings(
+        plugin_dir=tmp_path / "device-plugins", dev_root=dev, sys_root=tmp_path / "sys"
+    )
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            running = app.Running(settings, nursery, [], None)
+            plugin = await running.prepare(config_for(INCLUDE).resources[0])
+            running.remove(plugin)
+            await running.start(plugin, wait=True)  # returns at once: nothing to serve
+            assert not settings.plugin_dir.exists() or not list(settings.plugin_dir.iterdir())
+            nursery.cancel_scope.cancel()

@@ -170,3 +170,33 @@ def test_a_device_can_belong_to_one_resource_only(a, b, clash):
     assert "c.json: field 'resources[1].include-devices'" in message
     assert "a.io/second" in message and "a.io/first" in message
     assert "a device belongs to one resource only" in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "problem"),
+    [
+        ({"name": "a.io/x", "include-devices": ["/dev/sd\u0000a"]}, "include-devices[0]", "NUL"),
+        ({"name": "a.io/x", "socket": "kubelet_internal_checkpoint"}, "socket", "kubelet's own"),
+        ({"name": "a.io/x", "socket": "kubelet.sock"}, "socket", "kubelet's own"),
+        ({"name": "a.io/x", "socket": ".."}, "socket", "not a file name"),
+        ({"name": "a.io/x", "socket": "a\u0000b"}, "socket", "no NUL"),
+        (
+            {"name": "a.io/x", "match-properties": {"DM_UUID": "x\u0000"}},
+            "match-properties.DM_UUID",
+            "NUL",
+        ),
+        ({"name": "1vendor.io/lun", "cdi": True}, "name", "starts with a letter"),
+        ({"name": "example.com/lun.gold", "cdi": True}, "name", "class of letters"),
+    ],
+)
+def test_inputs_that_once_crashed_the_daemon_or_the_runtime_are_config_errors(
+    entry, field, problem
+):
+    with pytest.raises(ConfigError) as err:
+        config({"resources": [entry]})
+    assert f"field 'resources[0].{field}'" in str(err.value) and problem in str(err.value)
+
+
+def test_a_huge_bare_scan_interval_is_an_error_not_an_overflow():
+    with pytest.raises(ConfigError, match="scan-interval"):
+        parse_config('{"scan-interval": ' + "9" * 400 + "}", source="c.json")

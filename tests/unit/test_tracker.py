@@ -168,3 +168,32 @@ async def test_a_change_event_rematches_udev_properties(tmp_path):
     (udev / "c1:5").write_text("E:DM_UUID=LVM-abc\n")
     assert t.apply([DeviceEvent("change", ("/dev/dm-0",), "block", (1, 5))]) is True
     assert listed(t) == {}
+
+
+async def test_a_rescan_that_began_earlier_never_overwrites_a_later_one(tmp_path):
+    """A config narrowed while a rescan under the old one runs: the old
+    rescan's result, arriving last, must not bring the dropped devices back."""
+    import threading
+
+    import trio
+
+    t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1", "mapper/mpatha"])
+    release, entered = threading.Event(), threading.Event()
+    real = t._discover
+
+    def slow_first(resource, listed):
+        result = real(resource, listed)
+        if not entered.is_set():
+            entered.set()
+            release.wait(10)
+        return result
+
+    t._discover = slow_first
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(t.rescan)  # under the wide config; held in its thread
+        await trio.to_thread.run_sync(entered.wait, 10)
+        t.resource = ResourceConfig(include=("/dev/dm-0",))
+        await t.rescan()  # the narrow one finishes first
+        assert listed(t) == {"/dev/dm-0": True}
+        release.set()
+    assert listed(t) == {"/dev/dm-0": True}  # the older result was dropped
