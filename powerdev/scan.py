@@ -98,7 +98,7 @@ def _judge(
         why = guard.reason(device, guard.direct_use())
         if why is not None:
             return None, f"the host uses it: {why}"
-    return describe(resource, device, sys_root, udev_data), ""
+    return describe(resource, device, sys_root, udev_data, with_identity=True), ""
 
 
 def as_text(reports: list[Report]) -> str:

@@ -128,13 +128,19 @@ def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
     return found
 
 
+MISC_MAJOR = 10  # the kernel's misc devices: loop-control, mapper/control, ...
+
+
 def is_control_node(device: Device, sys_root: Path) -> bool:
     """Does this node let its user create or remove host devices?"""
     if device.path in CONTROL_PATHS:
         return True
-    kind = "char" if device.kind == "c" else "block"
+    if device.kind != "c" or device.major != MISC_MAJOR:
+        return False  # the control nodes are all misc character devices
     try:
-        target = os.readlink(sys_root / "dev" / kind / f"{device.major}:{device.minor}")
+        target = os.readlink(
+            os.path.join(sys_root, "dev", "char", f"{device.major}:{device.minor}")
+        )
     except OSError:
         return False
     return os.path.basename(target) in CONTROL_NAMES
@@ -149,7 +155,12 @@ def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> b
 
 
 def describe(
-    resource: ResourceConfig, device: Device, sys_root: Path, udev_data: Path | None
+    resource: ResourceConfig,
+    device: Device,
+    sys_root: Path,
+    udev_data: Path | None,
+    *,
+    with_identity: bool = False,
 ) -> Device | None:
     """The device as this resource lists it: None when its udev properties do
     not match; with its NUMA node; in "each" mode, named by its identity
@@ -161,7 +172,9 @@ def describe(
         if not properties_match(resource.match_properties, props):
             return None
     numa = identity.numa_node(sys_root, device.kind, number)
-    found = identity.identity(sys_root, udev_data, device.kind, number)
+    found = None
+    if resource.allocation == "each" or with_identity:  # a few reads a device: only when used
+        found = identity.identity(sys_root, udev_data, device.kind, number)
     device_id = device.id
     if found is not None and resource.allocation == "each":
         device_id = identity.identity_id(*found)

@@ -201,22 +201,28 @@ def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
     """The NUMA node the kernel reports for the device: the first `numa_node`
     file found from the device's sysfs directory up through its parents (a
     disk's is on its PCI controller), within sys_root/devices. None when the
-    value is -1 (unknown), absent or unreadable."""
-    where = sysfs_dir(sys_root, kind, number)
-    if where is None:
+    value is -1 (unknown), absent or unreadable. (os.path, not pathlib: a
+    rescan asks this for every device, and pathlib made it the scan's cost.)"""
+    link = os.path.join(sys_root, "dev", _kind_dir(kind), f"{number[0]}:{number[1]}")
+    try:  # one readlink: the kernel's links there point straight into devices/
+        where = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    except OSError:
         return None
-    try:
-        top = (sys_root / "devices").resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None
-    while where != top and where.is_relative_to(top):
-        path = where / "numa_node"
-        if path.exists():
-            text = _read(path)
-            try:
-                node = int(text) if text is not None else -1
-            except ValueError:
-                return None
-            return node if node >= 0 else None
-        where = where.parent
+    top = os.path.normpath(os.path.join(sys_root, "devices"))
+    if where.startswith(os.path.join(top, "virtual") + os.sep):
+        return None  # loop, dm, mem...: no device of any NUMA node
+    while where.startswith(top + os.sep):
+        try:
+            with open(os.path.join(where, "numa_node")) as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            where = os.path.dirname(where)
+            continue
+        except OSError:
+            return None
+        try:
+            node = int(text)
+        except ValueError:
+            return None
+        return node if node >= 0 else None
     return None

@@ -202,16 +202,16 @@ def test_wildcards_never_grant_control_nodes(tmp_path):
 
 
 def test_control_nodes_are_known_by_their_kernel_name_too(tmp_path):
-    # any name that is the loop-control device (by its numbers in sysfs) counts
+    # any name that is the loop-control device (a misc device, by its numbers in sysfs) counts
     sys_root = tmp_path / "sys"
     (sys_root / "devices" / "virtual" / "misc" / "loop-control").mkdir(parents=True)
     (sys_root / "dev" / "char").mkdir(parents=True)
-    (sys_root / "dev" / "char" / "1:3").symlink_to("../../devices/virtual/misc/loop-control")
-    odd = Device("odd", "/dev/odd", "c", 1, 3)
+    (sys_root / "dev" / "char" / "10:237").symlink_to("../../devices/virtual/misc/loop-control")
+    odd = Device("odd", "/dev/odd", "c", 10, 237)
     assert is_control_node(odd, sys_root)
     assert not control_allowed(odd, ["/dev/o*"], sys_root)
     assert control_allowed(odd, ["/dev/odd"], sys_root)
-    assert not is_control_node(Device("odd", "/dev/odd", "b", 1, 3), sys_root)
+    assert not is_control_node(Device("odd", "/dev/odd", "b", 10, 237), sys_root)
 
 
 async def test_events_never_list_a_control_node(tmp_path):
