@@ -15,13 +15,14 @@ It asserts nothing; `--json` writes the figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,15 +172,25 @@ def add_longest_step(
     say(f"  {n} devices: longest Trio step in the {run} {report['longest_ms']} ms ({task})")
 
 
-async def measure_size(
-    n: int, plan: Plan, results: Results, say: Callable[[str], None], restarts: bool
-) -> None:
+@dataclass
+class FakeRun:
+    """The daemon against the fake kubelet, with n device nodes, once the
+    kubelet has the full list."""
+
+    kubelet: FakeKubelet
+    daemon: Daemon
+    plugin_dir: Path
+    first_list: float  # seconds from process start to the full list at the kubelet
+    nodes: str  # how the nodes were made
+
+
+@contextlib.asynccontextmanager
+async def against_fake_kubelet(n: int, **fields: object) -> AsyncIterator[FakeRun]:
     with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
         root = Path(tmp)
         how = make_nodes(root / "dev", [f"bench{i}" for i in range(n)])
-        results.machine["nodes"] = how
         config = root / "config.json"
-        config.write_text(json.dumps({"include-devices": ["/dev/bench*"]}))
+        config.write_text(json.dumps({"include-devices": ["/dev/bench*"], **fields}))
         plugin_dir = root / "device-plugins"
         async with trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
@@ -194,61 +205,66 @@ async def measure_size(
                     lambda k: RESOURCE in k.resources and k.resources[RESOURCE].capacity == n,
                 )
                 first = time.perf_counter() - began
-                results.add("start to first full list", n, ms=round(first * 1000, 1))
-                say(f"  {n} devices: first full list after {first * 1000:.0f} ms")
-
-                client = PluginClient(plugin_dir / kubelet.resources[RESOURCE].endpoint)
-                ids = sorted(kubelet.resources[RESOURCE].devices)
-                samples = []
-                size = 0
-                for i in range(plan.allocations):
-                    t = time.perf_counter()
-                    size = await client.allocate_bytes([ids[i % len(ids)]])
-                    samples.append(time.perf_counter() - t)
-                client.close()
-                results.add("Allocate", n, answer_bytes=size, **spread(samples))
-                say(f"  {n} devices: Allocate {spread(samples)} ({size} bytes each)")
-
-                before = cpu_ns(daemon.pid)
-                await trio.sleep(plan.idle_seconds)
-                idle_ms = (cpu_ns(daemon.pid) - before) / 1e6
-                results.add(f"idle CPU over {plan.idle_seconds:g} s", n, ms=round(idle_ms, 2))
-                results.add("RSS", n, mib=rss_mib(daemon.pid))
-                say(
-                    f"  {n} devices: idle CPU {idle_ms:.2f} ms over {plan.idle_seconds:g} s, "
-                    f"RSS {rss_mib(daemon.pid)} MiB"
-                )
-
-                if restarts:
-                    registered, listed = [], []
-                    for i in range(plan.restarts):
-                        t = time.perf_counter()
-                        await kubelet.restart()
-                        await wait_for(
-                            kubelet,
-                            "re-registration",
-                            lambda k, want=i + 2: k.registrations >= want,
-                        )
-                        registered.append(time.perf_counter() - t)
-                        await wait_for(
-                            kubelet,
-                            "the first list after a restart",
-                            lambda k: (
-                                k.resources[RESOURCE].connected
-                                and k.resources[RESOURCE].updates > 0
-                            ),
-                        )
-                        listed.append(time.perf_counter() - t)
-                    results.add("kubelet restart to re-registration", n, **spread(registered))
-                    results.add("kubelet restart to first list at the kubelet", n, **spread(listed))
-                    say(
-                        f"  kubelet restart to re-registration: {spread(registered)}; "
-                        f"to the first list: {spread(listed)}"
-                    )
+                yield FakeRun(kubelet, daemon, plugin_dir, first, how)
             finally:
                 await daemon.stop()
-            add_longest_step(results, n, daemon, say, "fake kubelet run")
             nursery.cancel_scope.cancel()
+
+
+async def measure_size(
+    n: int, plan: Plan, results: Results, say: Callable[[str], None], restarts: bool
+) -> None:
+    async with against_fake_kubelet(n) as run:
+        kubelet = run.kubelet
+        results.machine["nodes"] = run.nodes
+        results.add("start to first full list", n, ms=round(run.first_list * 1000, 1))
+        say(f"  {n} devices: first full list after {run.first_list * 1000:.0f} ms")
+
+        client = PluginClient(run.plugin_dir / kubelet.resources[RESOURCE].endpoint)
+        ids = sorted(kubelet.resources[RESOURCE].devices)
+        samples = []
+        size = 0
+        for i in range(plan.allocations):
+            t = time.perf_counter()
+            size = await client.allocate_bytes([ids[i % len(ids)]])
+            samples.append(time.perf_counter() - t)
+        client.close()
+        results.add("Allocate", n, answer_bytes=size, **spread(samples))
+        say(f"  {n} devices: Allocate {spread(samples)} ({size} bytes each)")
+
+        pid = run.daemon.pid
+        before = cpu_ns(pid)
+        await trio.sleep(plan.idle_seconds)
+        idle_ms = (cpu_ns(pid) - before) / 1e6
+        results.add(f"idle CPU over {plan.idle_seconds:g} s", n, ms=round(idle_ms, 2))
+        results.add("RSS", n, mib=rss_mib(pid))
+        say(
+            f"  {n} devices: idle CPU {idle_ms:.2f} ms over {plan.idle_seconds:g} s, "
+            f"RSS {rss_mib(pid)} MiB"
+        )
+
+        if restarts:
+            registered, listed = [], []
+            for i in range(plan.restarts):
+                t = time.perf_counter()
+                await kubelet.restart()
+                await wait_for(
+                    kubelet, "re-registration", lambda k, want=i + 2: k.registrations >= want
+                )
+                registered.append(time.perf_counter() - t)
+                await wait_for(
+                    kubelet,
+                    "the first list after a restart",
+                    lambda k: k.resources[RESOURCE].connected and k.resources[RESOURCE].updates > 0,
+                )
+                listed.append(time.perf_counter() - t)
+            results.add("kubelet restart to re-registration", n, **spread(registered))
+            results.add("kubelet restart to first list at the kubelet", n, **spread(listed))
+            say(
+                f"  kubelet restart to re-registration: {spread(registered)}; "
+                f"to the first list: {spread(listed)}"
+            )
+    add_longest_step(results, n, run.daemon, say, "fake kubelet run")
 
 
 async def measure_real_kubelet(
@@ -307,46 +323,26 @@ async def measure_real_kubelet(
 async def measure_each(n: int, plan: Plan, results: Results, say: Callable[[str], None]) -> None:
     """ "each" allocation: a grant carries the chosen devices only, and the
     kubelet asks GetPreferredAllocation first; both timed at the client."""
-    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
-        root = Path(tmp)
-        make_nodes(root / "dev", [f"bench{i}" for i in range(n)])
-        config = root / "config.json"
-        config.write_text(json.dumps({"include-devices": ["/dev/bench*"], "allocation": "each"}))
-        plugin_dir = root / "device-plugins"
-        async with trio.open_nursery() as nursery:
-            kubelet = FakeKubelet(plugin_dir)
-            await nursery.start(kubelet.run)
-            daemon = Daemon(plugin_dir, config, root / "dev", "off")
-            began = time.perf_counter()
-            await daemon.start()
-            try:
-                await wait_for(
-                    kubelet,
-                    "the first full list",
-                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].capacity == n,
-                )
-                first = time.perf_counter() - began
-                results.add("each: start to first full list", n, ms=round(first * 1000, 1))
-                client = PluginClient(plugin_dir / kubelet.resources[RESOURCE].endpoint)
-                ids = sorted(kubelet.resources[RESOURCE].devices)
-                allocate, prefer = [], []
-                for i in range(plan.allocations):
-                    t = time.perf_counter()
-                    await client.allocate_bytes([ids[i % len(ids)], ids[(i + 1) % len(ids)]])
-                    allocate.append(time.perf_counter() - t)
-                    t = time.perf_counter()
-                    await client.preferred(ids, [ids[i % len(ids)]], 4)
-                    prefer.append(time.perf_counter() - t)
-                client.close()
-                results.add("each: Allocate (two devices)", n, **spread(allocate))
-                results.add("each: GetPreferredAllocation (4 of all)", n, **spread(prefer))
-                say(
-                    f"  {n} devices, each: first list {first * 1000:.0f} ms; Allocate "
-                    f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}"
-                )
-            finally:
-                await daemon.stop()
-            nursery.cancel_scope.cancel()
+    async with against_fake_kubelet(n, allocation="each") as run:
+        kubelet = run.kubelet
+        results.add("each: start to first full list", n, ms=round(run.first_list * 1000, 1))
+        client = PluginClient(run.plugin_dir / kubelet.resources[RESOURCE].endpoint)
+        ids = sorted(kubelet.resources[RESOURCE].devices)
+        allocate, prefer = [], []
+        for i in range(plan.allocations):
+            t = time.perf_counter()
+            await client.allocate_bytes([ids[i % len(ids)], ids[(i + 1) % len(ids)]])
+            allocate.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await client.preferred(ids, [ids[i % len(ids)]], 4)
+            prefer.append(time.perf_counter() - t)
+        client.close()
+        results.add("each: Allocate (two devices)", n, **spread(allocate))
+        results.add("each: GetPreferredAllocation (4 of all)", n, **spread(prefer))
+        say(
+            f"  {n} devices, each: first list {run.first_list * 1000:.0f} ms; Allocate "
+            f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}"
+        )
 
 
 async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], None]) -> None:

@@ -69,24 +69,27 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(parts), re.DOTALL)
 
 
-def _class(pattern: str, i: int) -> tuple[str, int]:
-    """A character class starting after its '['; its regex and where it ends."""
+def _class_ranges(pattern: str, i: int) -> tuple[bool, tuple[tuple[str, str], ...], int]:
+    """A character class starting after its '[': negated?, its ranges (a
+    reversed one, which matches nothing in Go, left out), and where it ends."""
     negated = i < len(pattern) and pattern[i] == "^"
     if negated:
         i += 1
     ranges: list[tuple[str, str]] = []
     while True:
         if i < len(pattern) and pattern[i] == "]" and ranges:
-            i += 1
-            break
+            return negated, tuple(r for r in ranges if r[0] <= r[1]), i + 1
         lo, i = _class_char(pattern, i)
         hi = lo
         if pattern[i] == "-":
             hi, i = _class_char(pattern, i + 1)
         ranges.append((lo, hi))
-    members = "".join(
-        _code(lo) if lo == hi else f"{_code(lo)}-{_code(hi)}" for lo, hi in ranges if lo <= hi
-    )
+
+
+def _class(pattern: str, i: int) -> tuple[str, int]:
+    """A character class starting after its '['; its regex and where it ends."""
+    negated, ranges, i = _class_ranges(pattern, i)
+    members = "".join(_code(lo) if lo == hi else f"{_code(lo)}-{_code(hi)}" for lo, hi in ranges)
     if not members:  # only reversed ranges: they match nothing, as in Go
         return ("(?s:.)" if negated else "(?!)"), i
     return f"[{'^' if negated else ''}{members}]", i
@@ -200,20 +203,8 @@ def _tokens(pattern: str) -> tuple[object, ...]:
             out.append((False, ((pattern[i + 1], pattern[i + 1]),)))
             i += 2
         elif c == "[":
-            i += 1
-            negated = pattern[i] == "^"
-            i += negated
-            ranges = []
-            while True:
-                if pattern[i] == "]" and ranges:
-                    i += 1
-                    break
-                lo, i = _class_char(pattern, i)
-                hi = lo
-                if pattern[i] == "-":
-                    hi, i = _class_char(pattern, i + 1)
-                ranges.append((lo, hi))
-            out.append((negated, tuple(r for r in ranges if r[0] <= r[1])))
+            negated, ranges, i = _class_ranges(pattern, i + 1)
+            out.append((negated, ranges))
         else:
             out.append((False, ((c, c),)))
             i += 1

@@ -96,3 +96,26 @@ def test_glob_walks_one_element_at_a_time(tmp_path):
     assert gomatch.glob(tmp_path, "/disk/by-*/wwn-*") == ["/disk/by-id/wwn-1"]
     assert gomatch.glob(tmp_path, "/nothere/*") == []
     assert gomatch.glob(tmp_path, "/dm\\-0") == ["/dm-0"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "common"),
+    [
+        ("/dev/dm-*", "/dev/dm-1", True),
+        ("/dev/dm-*", "/dev/sd*", False),
+        ("/dev/mapper/*", "/dev/mapper/mpath?", True),
+        ("/dev/mapper/*", "/dev/*", False),  # '*' never crosses a '/'
+        ("/dev/sd[a-c]", "/dev/sd[d-f]", False),
+        ("/dev/sd[^a]", "/dev/sda", False),
+        ("/dev/sd[^a]", "/dev/sdb", True),
+        ("/dev/*a", "/dev/b*", True),  # "/dev/ba"
+        ("mpath-*", "LVM-*", False),
+        ("/dev/loop3[0-9][0-9]", "/dev/loop39[0-9]", True),
+        ("a\\*", "a*", True),  # "a*" itself
+        ("a\\*", "ab", False),
+        ("[z-a]x", "*", False),  # a reversed range matches nothing
+    ],
+)
+def test_overlap_says_whether_two_patterns_share_a_name(a, b, common):
+    assert gomatch.overlap(a, b) is common
+    assert gomatch.overlap(b, a) is common
