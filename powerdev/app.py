@@ -183,12 +183,14 @@ class Running:
         """A resource's plugin, scanned and followed, not yet served."""
         settings = self.settings
         inventory = Inventory()
-        tracker = Tracker(resource, inventory, settings.dev_root, settings.sys_root)
-        tracker.guard = HostUseGuard(
-            settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS
+        tracker = Tracker(
+            resource,
+            inventory,
+            settings.dev_root,
+            settings.sys_root,
+            guard=HostUseGuard(settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS),
+            udev_data=settings.udev_data,
         )
-        tracker.allow_host_used = resource.allow_host_used
-        tracker.udev_data = settings.udev_data
         plugin = Plugin(resource, inventory, tracker)
         plugin.refresh = self.refresh
         for pattern, where in missing_directories(resource.include, settings.dev_root):

@@ -42,7 +42,6 @@ class Plugin:
         self.resource = resource
         if self.tracker is not None:
             self.tracker.resource = resource
-            self.tracker.allow_host_used = resource.allow_host_used
 
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""

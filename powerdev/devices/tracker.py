@@ -64,7 +64,14 @@ def wanted(resource: ResourceConfig, host_path: str, subsystem: str) -> bool:
 
 class Tracker:
     def __init__(
-        self, resource: ResourceConfig, inventory: Inventory, dev_root: Path, sys_root: Path
+        self,
+        resource: ResourceConfig,
+        inventory: Inventory,
+        dev_root: Path,
+        sys_root: Path,
+        *,
+        guard: HostUseGuard | None = None,
+        udev_data: Path | None = None,
     ) -> None:
         self.resource = resource
         self.inventory = inventory
@@ -72,15 +79,15 @@ class Tracker:
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
-        self.udev_data: Path | None = None  # udev's database, for properties (app sets it)
+        self.udev_data = udev_data  # udev's database, for properties and identities
         self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
         self._scans = 0  # rescans running now
         self._scan_seq = 0  # rescans begun
         self._published_seq = 0  # the latest-begun rescan published
         self._during_scan: set[str] = set()  # paths events named while a rescan ran
-        # Set by the app: keeps devices the host uses out (None: no such screen).
-        self.guard: HostUseGuard | None = None
-        self.allow_host_used = False  # a resource may explicitly allow them
+        # Keeps devices the host uses out, unless the resource allows them
+        # (None: no such screen).
+        self.guard = guard
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
@@ -124,7 +131,7 @@ class Tracker:
         unmatched: list[Device] = []
         found = discover(resource, self.dev_root, self.sys_root, self.udev_data, unmatched)
         if self.guard is not None:
-            found = tuple(self.guard.screen(found, listed, allow=self.allow_host_used))
+            found = tuple(self.guard.screen(found, listed, allow=resource.allow_host_used))
         return found, unmatched
 
     def _publish_scan(self, found: tuple[Device, ...]) -> bool:
@@ -196,7 +203,7 @@ class Tracker:
         }
         if self.guard is not None:
             listed = self.inventory.by_path
-            kept = self.guard.screen_changes(kept, listed, allow=self.allow_host_used)
+            kept = self.guard.screen_changes(kept, listed, allow=self.resource.allow_host_used)
         for path, device in probed.items():
             if device is not None and kept[path] is None:  # not listed after all
                 self._index(device, add=False)

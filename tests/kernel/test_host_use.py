@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev import app
 from powerdev.config import ResourceConfig
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
@@ -108,10 +107,9 @@ def three_loops(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         yield fs, swap, free
 
 
-def guarded_tracker() -> Tracker:
-    tracker = Tracker(ResourceConfig(include=(LOOP_PATTERN,)), Inventory(), DEV, SYS)
-    tracker.guard = HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS)
-    return tracker
+def guarded_tracker(**fields: object) -> Tracker:
+    resource = ResourceConfig(include=(LOOP_PATTERN,), **fields)  # type: ignore[arg-type]
+    return Tracker(resource, Inventory(), DEV, SYS, guard=HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS))
 
 
 def listed(tracker: Tracker) -> dict[str, bool]:
@@ -139,22 +137,15 @@ async def test_mounted_and_swap_devices_are_left_out_and_come_back(tmp_path):
 async def test_allowed_resources_list_devices_in_use(tmp_path):
     with three_loops(tmp_path) as (fs, swap, free):
         with mounted_at(fs, tmp_path / "mnt"), swap_on(swap):
-            tracker = guarded_tracker()
-            tracker.allow_host_used = True
+            tracker = guarded_tracker(allow_host_used=True)
             await tracker.rescan()
             assert listed(tracker) == {fs: True, swap: True, free: True}
 
 
-async def test_the_daemon_follows_mounts_and_swap_without_polling(tmp_path, monkeypatch):
-    """The wiring proposed for app.py: each Tracker gets a guard, and the
-    mount/swap event source is one of the daemon's event sources."""
-
-    class GuardedTracker(Tracker):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.guard = HostUseGuard(self.dev_root, self.sys_root, MOUNTINFO, SWAPS)
-
-    monkeypatch.setattr(app, "Tracker", GuardedTracker)
+async def test_the_daemon_follows_mounts_and_swap_without_polling(tmp_path):
+    """The daemon's wiring: each resource's tracker has a guard (app.py gives
+    it one, reading this process's mount table by default), and the
+    mount/swap event source wakes it."""
     config = config_for(f'{{"include-devices": ["{LOOP_PATTERN}"]}}')
     where = tmp_path / "mnt"
     with three_loops(tmp_path) as (fs, swap, free), trio.fail_after(LIMIT):

@@ -158,8 +158,7 @@ async def test_a_change_event_rematches_udev_properties(tmp_path):
     resource = ResourceConfig(
         include=("/dev/mapper/*",), match_properties=(("DM_UUID", ("mpath-*",)),)
     )
-    t = Tracker(resource, Inventory(), dev, tmp_path / "sys")
-    t.udev_data = udev
+    t = Tracker(resource, Inventory(), dev, tmp_path / "sys", udev_data=udev)
     await t.rescan()
     assert listed(t) == {}
     (udev / "c1:5").write_text("E:DM_UUID=mpath-3600a\n")
