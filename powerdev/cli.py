@@ -24,7 +24,6 @@ from powerdev.status import DEFAULT_STATUS_FILE
 from powerdev.webhook import cli as webhook_cli
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
 UEVENT_SOURCES = ("auto", "udev", "kernel", "off")
 
 
@@ -70,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--log-format",
-            type=one_of(LOG_FORMATS),
-            metavar="{" + ",".join(LOG_FORMATS) + "}",
+            type=one_of(logformat.FORMATS),
+            metavar="{" + ",".join(logformat.FORMATS) + "}",
             default=_env("LOG_FORMAT", "text"),
             help="text, or json: one object per line [env POWERDEV_LOG_FORMAT; default text]",
         )
@@ -109,6 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
             help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
         )
 
+    def host_views(p: argparse.ArgumentParser) -> None:
+        """Where the host's udev database and mount table are seen: run and scan."""
+        p.add_argument(
+            "--udev-data",
+            type=Path,
+            default=Path(_env("UDEV_DATA", "/run/udev/data")),
+            help="udev's database, for match-properties and device identities; read only "
+            "when it exists [env POWERDEV_UDEV_DATA; default /run/udev/data]",
+        )
+        p.add_argument(
+            "--host-mountinfo",
+            type=Path,
+            default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
+            help="the host's mount table, to keep devices the host uses out, e.g. "
+            "/host/proc/1/mountinfo [env POWERDEV_HOST_MOUNTINFO; default /proc/self/mountinfo]",
+        )
+
     run = sub.add_parser("run", help="run the device plugin daemon (what the DaemonSet runs)")
     run.add_argument(
         "--plugin-dir",
@@ -125,26 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     common(run)
-    run.add_argument(
-        "--udev-data",
-        type=Path,
-        default=Path(_env("UDEV_DATA", "/run/udev/data")),
-        help="udev's database, for match-properties and device identities; read only "
-        "when it exists [env POWERDEV_UDEV_DATA; default /run/udev/data]",
-    )
+    host_views(run)
     run.add_argument(
         "--cdi-spec-dir",
         type=Path,
         default=Path(_env("CDI_SPEC_DIR", "/var/run/cdi")),
         help='where resources with "cdi": true write their CDI spec [env '
         "POWERDEV_CDI_SPEC_DIR; default /var/run/cdi]",
-    )
-    run.add_argument(
-        "--host-mountinfo",
-        type=Path,
-        default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
-        help="the host's mount table, to keep devices the host uses out, e.g. "
-        "/host/proc/1/mountinfo [env POWERDEV_HOST_MOUNTINFO; default /proc/self/mountinfo]",
     )
 
     run.add_argument(
@@ -187,13 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     scan.add_argument("--json", action="store_true", help="print JSON instead of text")
-    scan.add_argument("--udev-data", type=Path, default=Path(_env("UDEV_DATA", "/run/udev/data")))
-    scan.add_argument(
-        "--host-mountinfo",
-        type=Path,
-        default=Path(_env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
-    )
     common(scan)
+    host_views(scan)
 
     health = sub.add_parser(
         "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
@@ -236,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         from powerdev import health
 
         return health.main(args.status_file, ready=args.ready, timeout=args.timeout)
-    log_format = getattr(args, "log_format", None) or one_of(LOG_FORMATS)(
+    log_format = getattr(args, "log_format", None) or one_of(logformat.FORMATS)(
         _env("LOG_FORMAT", "text")
     )
     logformat.configure(args.log_level, log_format)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -634,25 +635,21 @@ def _pattern_clash(a: ResourceConfig, b: ResourceConfig) -> str | None:
         if not a.include and not b.include:
             return "block discovery (no include-devices)"
         for pattern in other.include:
-            if posix_dirname(pattern) == "/dev":
+            if posixpath.dirname(pattern) == "/dev":
                 return f"pattern {pattern!r} (block discovery lists /dev/* block devices)"
         return None
     for pa in a.include:
         for pb in b.include:
-            if pb_excluded(pb, a) or pb_excluded(pa, b):
+            if _excluded_literal(pb, a) or _excluded_literal(pa, b):
                 continue
             if gomatch.overlap(pa, pb):
                 return f"pattern {pb!r} (and {pa!r})"
     return None
 
 
-def pb_excluded(pattern: str, other: ResourceConfig) -> bool:
+def _excluded_literal(pattern: str, other: ResourceConfig) -> bool:
     """A literal path that the other resource excludes cannot clash with it."""
     return not gomatch.has_magic(pattern) and any(gomatch.match(x, pattern) for x in other.exclude)
-
-
-def posix_dirname(path: str) -> str:
-    return path.rsplit("/", 1)[0] or "/"
 
 
 def _properties_disjoint(a: ResourceConfig, b: ResourceConfig) -> bool:

@@ -16,11 +16,9 @@ from pathlib import Path
 from powerdev.config import Config, ResourceConfig
 from powerdev.devices import gomatch, identity
 from powerdev.devices.discovery import (
-    NX_GZIP,
-    block_candidates,
+    candidates,
     control_allowed,
     describe,
-    include_candidates,
     probe,
     properties_match,
 )
@@ -47,7 +45,7 @@ def scan(
     claimed: dict[str, str] = {}  # host path -> the resource that lists it
     for resource in config.resources:
         report = Report(resource.name, resource.allocation)
-        for path in _candidates(resource, dev_root, sys_root):
+        for path in sorted(dict.fromkeys(candidates(resource, dev_root, sys_root))):
             device, why = _judge(resource, path, dev_root, sys_root, udev_data, guard)
             if device is not None and path in claimed:
                 device, why = None, f"held by another resource, {claimed[path]}"
@@ -58,17 +56,6 @@ def scan(
                 report.advertised.append(device)
         reports.append(report)
     return reports
-
-
-def _candidates(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> list[str]:
-    found = (
-        include_candidates(dev_root, resource.include)
-        if resource.include
-        else block_candidates(sys_root)
-    )
-    if resource.nx_gzip:
-        found.append(NX_GZIP)
-    return sorted(dict.fromkeys(found))
 
 
 def _judge(

@@ -53,11 +53,6 @@ class StatusFile:
                 self._warned = True
 
 
-def read_status(path: Path) -> dict[str, dict[str, object]]:
-    """The resources section of a status file; {} if it is missing or unreadable."""
-    return read_status_file(path)[1]
-
-
 def read_status_file(path: Path) -> tuple[int | None, dict[str, dict[str, object]]]:
     """(the writer's pid, the resources); (None, {}) if missing or unreadable."""
     try:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+LOOP_SET_FD = 0x4C00
+LOOP_CLR_FD = 0x4C01
 LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_REMOVE = 0x4C81
 FIRST_LOOP = 300  # indexes 300-399, matched by /dev/loop3[0-9][0-9], far from losetup's
@@ -92,4 +94,23 @@ def loop_control() -> Iterator[LoopControl]:
         for index in sorted(control.made):
             with contextlib.suppress(OSError):
                 control.remove(index)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def bound(node: str | Path, backing: Path) -> Iterator[None]:
+    """A loop device node bound to a file (LOOP_SET_FD) while inside, and
+    unbound (LOOP_CLR_FD) and closed on the way out."""
+    fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
+        finally:
+            os.close(file_fd)
+        try:
+            yield
+        finally:
+            fcntl.ioctl(fd, LOOP_CLR_FD, 0)
+    finally:
         os.close(fd)

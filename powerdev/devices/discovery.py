@@ -191,6 +191,18 @@ def properties_match(
     )
 
 
+def candidates(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> list[str]:
+    """The host paths a resource looks at: what its include patterns match
+    (or the host's block devices), and nx-gzip when it is on; maybe repeated."""
+    if resource.include:
+        found = include_candidates(dev_root, resource.include)
+    else:
+        found = block_candidates(sys_root)
+    if resource.nx_gzip:
+        found.append(NX_GZIP)
+    return found
+
+
 def discover(
     resource: ResourceConfig,
     dev_root: Path,
@@ -201,14 +213,8 @@ def discover(
     """Every device the resource advertises now, sorted by host path. Nodes
     whose udev properties do not match go to `unmatched`, when given: their
     properties may change later."""
-    if resource.include:
-        candidates = include_candidates(dev_root, resource.include)
-    else:
-        candidates = block_candidates(sys_root)
-    if resource.nx_gzip:
-        candidates.append(NX_GZIP)
     devices = {}
-    for host_path in candidates:
+    for host_path in candidates(resource, dev_root, sys_root):
         if host_path in devices or matches_any(resource.exclude, host_path):
             continue
         device = probe(dev_root, host_path)

@@ -55,7 +55,6 @@ class PluginService(DevicePluginBase):
         self.kubelet_list_sent = trio.Event()
         self.registering = False  # set by the caller around its Register call
         self._kubelet_connections: set[object] = set()
-        self.streams_opened = 0
 
     async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
         return DevicePluginOptions(
@@ -126,7 +125,6 @@ class PluginService(DevicePluginBase):
 
     async def _list_and_watch(self, stream: Stream[Empty, ListAndWatchResponse]) -> None:
         await stream.recv_message()
-        self.streams_opened += 1
         from_kubelet = connection_of(stream) in self._kubelet_connections
         wait_newer = trio_asyncio.trio_as_aio(self._plugin.inventory.wait_newer)
         encode = trio_asyncio.trio_as_aio(self._answers.list_and_watch)

@@ -6,7 +6,6 @@ turns Unhealthy, and the mount table's poll flag is what wakes the daemon."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import Tracker
-from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, loop_control
+from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, bound, loop_control
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
 
 TOOLS = ("mkfs.ext4", "mkswap", "swapon", "swapoff", "mount", "umount")
@@ -34,8 +33,6 @@ pytestmark = [
         reason=f"{', '.join(MISSING)} missing: apt-get install e2fsprogs util-linux mount",
     ),
 ]
-LOOP_SET_FD = 0x4C00
-LOOP_CLR_FD = 0x4C01
 MOUNTINFO = Path("/proc/self/mountinfo")
 SWAPS = Path("/proc/swaps")
 DEV, SYS = Path("/dev"), Path("/sys")
@@ -61,19 +58,8 @@ def image(path: Path, kind: str) -> Path:
 def attached(loops: LoopControl, index: int, backing: Path) -> Iterator[str]:
     """A loop device made through /dev/loop-control and bound to a file."""
     node = f"/dev/{loops.add(index)}"
-    fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
-        finally:
-            os.close(file_fd)
-        try:
-            yield node
-        finally:
-            fcntl.ioctl(fd, LOOP_CLR_FD, 0)
-    finally:
-        os.close(fd)
+    with bound(node, backing):
+        yield node
 
 
 @contextlib.contextmanager

@@ -14,15 +14,13 @@ from pathlib import Path
 import pytest
 
 from powerdev.devices.identity import identity, identity_id, numa_node, sysfs_dir
-from powerdev.testing import LOOP_CTL_ADD, LOOP_CTL_REMOVE
+from powerdev.testing import LOOP_CTL_ADD, LOOP_CTL_REMOVE, bound
 from tests.conftest import needs_root
 
 pytestmark = [
     needs_root,
     pytest.mark.skipif(not os.path.exists("/dev/loop-control"), reason="no /dev/loop-control"),
 ]
-LOOP_SET_FD = 0x4C00
-LOOP_CLR_FD = 0x4C01
 INDEXES = range(380, 390)  # clear of the other tests' loop devices
 SYS = Path("/sys")
 
@@ -72,19 +70,10 @@ def attached(index: int, backing: Path, nodes: Path) -> Iterator[tuple[int, int]
     number = number_of(index)
     node = nodes / f"loop{index}"
     os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(*number))
-    fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
     try:
-        file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
-        finally:
-            os.close(file_fd)
-        try:
+        with bound(node, backing):
             yield number
-        finally:
-            fcntl.ioctl(fd, LOOP_CLR_FD, 0)
     finally:
-        os.close(fd)
         node.unlink()
 
 
