@@ -12,7 +12,7 @@ from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.plugin import Plugin
 from powerdev.rpc.kubelet_side import PluginCallError
-from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
+from tests.conftest import StubResources, config_for, daemon_and_kubelet, make_dev_tree
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -70,30 +70,14 @@ def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content
     path.write_bytes(content)
     plugin = Plugin(ResourceConfig(), Inventory())
     good = plugin.resource
-    rescans = []
-
-    class Running:
-        def __init__(self):
-            self.plugins = [plugin]
-
-        async def rescan(self, p):
-            rescans.append(p)
-
-        async def add(self, resource):
-            rescans.append(resource)
-
-        def remove(self, p):
-            rescans.append(p)
-
-        def changed(self):
-            pass
+    running = StubResources([plugin])
 
     async def reload_once():
-        return await Reloader(Settings(config_path=path), Running()).reload()
+        return await Reloader(Settings(config_path=path), running).reload()
 
     applied = trio.run(reload_once)
     if not applied:
-        assert plugin.resource == good and rescans == []
+        assert plugin.resource == good and running.calls == []
     else:
         assert set(plugin.resource.permissions) <= set("rwm")
 
@@ -199,27 +183,11 @@ def test_an_empty_file_at_runtime_keeps_the_last_good_config(tmp_path, caplog):
     path = tmp_path / "config.json"
     path.write_text("")
     plugin = Plugin(ResourceConfig(include=("/dev/dm-*",)), Inventory())
-    calls = []
-
-    class Running:
-        def __init__(self):
-            self.plugins = [plugin]
-
-        async def rescan(self, p):
-            calls.append(p)
-
-        async def add(self, resource):
-            calls.append(resource)
-
-        def remove(self, p):
-            calls.append(p)
-
-        def changed(self):
-            calls.append("changed")
+    running = StubResources([plugin])
 
     async def reload_once():
-        return await Reloader(Settings(config_path=path), Running(), loaded=b"{}").reload()
+        return await Reloader(Settings(config_path=path), running, loaded=b"{}").reload()
 
     assert trio.run(reload_once) is False
-    assert calls == [] and plugin.resource.include == ("/dev/dm-*",)
+    assert running.calls == [] and plugin.resource.include == ("/dev/dm-*",)
     assert any("is empty; the last good config stays in force" in r.message for r in caplog.records)
