@@ -176,3 +176,15 @@ class StubResources:
 
     def changed(self):
         self.calls.append(("changed", None))
+
+
+def require_kit_binary(path: Path | None, what: str) -> Path:
+    """A conformance kit binary for a test. Missing, the test skips with the
+    command that builds the kit; in CI (CI=true), where the kit is built
+    first, a missing binary is a failure, never a skip."""
+    if path is not None:
+        return path
+    message = f"{what} is not built: run `bash conformance/build` (needs Go)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message}; CI builds the kit before the tests", pytrace=False)
+    pytest.skip(message)

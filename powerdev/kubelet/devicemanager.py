@@ -1,9 +1,10 @@
 """The kubelet's real device manager, driven from Trio.
 
-`dmharness` (shared/kubelet-dm/) links the device manager of Kubernetes
-v1.32 (registration server, endpoint client, capacity, admission, Allocate,
-checkpoint) and reads one command per line on stdin, answering each with
-one JSON object per line. This module runs it as a child process, for the
+`dmharness` (conformance/dmharness, built by `bash conformance/build` at the
+Kubernetes release that conformance/go.mod names) links the kubelet's device
+manager (registration server, endpoint client, capacity, admission, Allocate,
+checkpoint) and its PodResources service, and reads one command per line on
+stdin, answering each with one JSON object per line. This module runs it as a child process, for the
 conformance tests and `powerdev bench`; nothing in the daemon uses it.
 """
 
@@ -23,18 +24,20 @@ import trio
 from powerdev.config import DEFAULT_RESOURCE_NAME
 
 HARNESS_ENV = "POWERDEV_DMHARNESS"
-_BESIDE_THE_CHECKOUT = Path("shared") / "kubelet-dm" / "dmharness"
+KIT_BIN = Path(__file__).resolve().parents[2] / "conformance" / "bin"
+
+
+def find_kit_binary(name: str, env: str) -> Path | None:
+    """A conformance kit binary: $env if set, else conformance/bin/NAME in
+    this checkout; None when neither is an executable file."""
+    named = os.environ.get(env)
+    path = Path(named) if named else KIT_BIN / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
 def find_dmharness() -> Path | None:
-    """$POWERDEV_DMHARNESS, or shared/kubelet-dm/dmharness beside this checkout."""
-    named = os.environ.get(HARNESS_ENV)
-    candidates = [Path(named)] if named else []
-    candidates.append(Path(__file__).resolve().parents[2].parent / _BESIDE_THE_CHECKOUT)
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    return None
+    """$POWERDEV_DMHARNESS, or conformance/bin/dmharness in this checkout."""
+    return find_kit_binary("dmharness", HARNESS_ENV)
 
 
 class HarnessError(Exception):

@@ -15,7 +15,7 @@ import trio
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
 from powerdev.kubelet.devicemanager import DeviceManager, find_dmharness
 from powerdev.testing import run_command
-from tests.conftest import wait_for_file
+from tests.conftest import require_kit_binary, wait_for_file
 
 DMHARNESS = find_dmharness()
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
@@ -23,12 +23,7 @@ STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
 
 @pytest.fixture
 def dmharness() -> Path:
-    if DMHARNESS is None:
-        pytest.skip(
-            "the kubelet's device manager harness (shared/kubelet-dm/dmharness beside "
-            "the checkout, or $POWERDEV_DMHARNESS) is not on this machine"
-        )
-    return DMHARNESS
+    return require_kit_binary(DMHARNESS, "the kubelet's device manager harness (dmharness)")
 
 
 @dataclass

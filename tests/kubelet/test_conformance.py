@@ -1,7 +1,8 @@
 """powerdev (the real process) against the kubelet's own device manager.
 
-Every test starts `dmharness` (Kubernetes v1.32 device manager code) on a
-temp plugin directory and `powerdev run` beside it, and checks what the
+Every test starts `dmharness` (the conformance kit's build of the kubelet's
+device manager, at the release conformance/go.mod names) on a temp plugin
+directory and `powerdev run` beside it, and checks what the
 kubelet itself concludes: capacity, admission, DeviceSpecs, checkpoint.
 """
 
@@ -109,6 +110,28 @@ async def test_many_restarts_each_registered_again(tmp_path, dmharness):
                 f"capacity back in median {statistics.median(back):.1f} ms, max {max(back):.1f} ms"
             )
             assert len(n.log_lines("registered with the kubelet")) == 21
+
+
+async def test_the_kubelets_podresources_service_names_the_holder_of_each_device(
+    tmp_path, dmharness
+):
+    dev, config = pool(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(4, 4)
+            held = (await n.dm.call("admit", "p1", 3))["device_ids"]
+            other = (await n.dm.call("admit", "p2", 1))["device_ids"]
+            listed = await n.dm.call("podresources")
+            assert listed["socket"] == str(tmp_path / "pod-resources" / "kubelet.sock")
+            assert listed["pods"]["default/p1"] == {"power-dev-plugin/dev": held}
+            assert listed["pods"]["default/p2"] == {"power-dev-plugin/dev": other}
+            assert listed["allocatable"] == {"power-dev-plugin/dev": sorted(held + other)}
+            await n.dm.call("delpod", "p1")  # the pod ended: the kubelet lists it no more
+            assert "default/p1" not in (await n.dm.call("podresources"))["pods"]
+            # and after a kubelet restart, from the checkpoint
+            assert (await n.dm.call("restart", 4, 10000))["capacity_back"]
+            after = await n.dm.call("podresources")
+            assert after["pods"] == {"default/p2": {"power-dev-plugin/dev": other}}
 
 
 async def test_upper_limit_is_enforced_by_the_kubelet(tmp_path, dmharness):
