@@ -1,6 +1,7 @@
-"""The real CDI library (shared/cdicheck/, the code containerd and CRI-O
-use) as a command: validate spec dirs, and resolve CDI names into an OCI
-spec as a runtime does. For tests; nothing in the daemon uses it."""
+"""The real CDI library (tags.cncf.io/container-device-interface, the code
+containerd and CRI-O use) as a command, conformance/cdicheck: validate spec
+dirs, and resolve CDI names into an OCI spec as a runtime does. This module
+finds the command and runs it. For tests; nothing in the daemon uses it."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ from pathlib import Path
 from typing import Any
 
 CDICHECK_ENV = "POWERDEV_CDICHECK"
+BUILT = Path(__file__).resolve().parents[2] / "conformance" / "bin" / "cdicheck"
+MISSING = (
+    "the CDI library's checker is not built: run `bash conformance/build` (needs Go), "
+    f"or set ${CDICHECK_ENV}"
+)
 
 
 def find_cdicheck() -> Path | None:
-    """$POWERDEV_CDICHECK, or shared/cdicheck/cdicheck beside this checkout."""
+    """The executable at $POWERDEV_CDICHECK, else conformance/bin/cdicheck in
+    this checkout (built by `bash conformance/build`); None if neither is."""
     named = os.environ.get(CDICHECK_ENV)
     candidates = [Path(named)] if named else []
-    candidates.append(Path(__file__).resolve().parents[2].parent / "shared/cdicheck/cdicheck")
+    candidates.append(BUILT)
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return path
