@@ -39,6 +39,17 @@ def tmp_path():
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
 
 
+def require_tool(path: Path | None, missing: str) -> Path:
+    """A conformance tool's path; if it is None, skip the test with `missing`
+    (which names the command that builds the tool), or fail it when $CI is
+    "true": CI must never skip a check against the real thing."""
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {missing}", pytrace=False)
+        pytest.skip(missing)
+    return path
+
+
 def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
     """A /dev stand-in whose entries are links to a real character device,
     so that tests without root still see real device nodes."""
