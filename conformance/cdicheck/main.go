@@ -2,7 +2,7 @@
 // runtimes use (tags.cncf.io/container-device-interface): it loads spec dirs
 // into the library's cache and injects device names into an OCI spec, adding
 // no parsing or validation of its own. The interface (subcommands, JSON
-// fields, exit codes) is described in /work/shared/cdicheck/README.md and
+// fields, exit codes) is shared/cdicheck/README.md beside the checkout, and is
 // spoken by powerdev/kubelet/cdicheck.py.
 //
 // Files: main.go the command line; load.go the cache and what it recorded;
