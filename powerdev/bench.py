@@ -31,8 +31,9 @@ import trio
 from powerdev import stepwatch
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.devices.uevents import NetlinkEvents
-from powerdev.kubelet.devicemanager import DeviceManager, find_dmharness
+from powerdev.kubelet.devicemanager import DeviceManager
 from powerdev.kubelet.fake import FakeKubelet
+from powerdev.kubelet.kit import DMHARNESS
 from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.testing import (
     FIRST_LOOP,
@@ -453,7 +454,7 @@ async def run_bench(
             await measure_each(n, plan, results, say)
         say("measuring uevents with real loop devices")
         await measure_uevents(plan, results, say)
-        binary = find_dmharness()
+        binary = DMHARNESS.find()
         if binary is None:
             say("  real kubelet: skipped (no dmharness; set $POWERDEV_DMHARNESS)")
         for n in plan.sizes if binary is not None else ():

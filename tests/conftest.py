@@ -18,6 +18,7 @@ from inotify_simple import flags as iflags
 from powerdev import app
 from powerdev.config import Config, ResourceConfig, parse_config
 from powerdev.kubelet.fake import FakeKubelet
+from powerdev.kubelet.kit import KitBinary
 from powerdev.plugin import Plugin
 from powerdev.rpc import asyncio_door
 from powerdev.watching import Watcher
@@ -37,6 +38,18 @@ def tmp_path():
 
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
+
+
+def require_tool(tool: KitBinary) -> Path:
+    """A conformance kit binary's path. Missing, the test skips with one line
+    that names the command that builds the kit, or fails when $CI is "true":
+    CI builds the kit first and must never skip a check against the real thing."""
+    path = tool.find()
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {tool.missing}", pytrace=False)
+        pytest.skip(tool.missing)
+    return path
 
 
 def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
@@ -177,14 +190,3 @@ class StubResources:
     def changed(self):
         self.calls.append(("changed", None))
 
-
-def require_kit_binary(path: Path | None, what: str) -> Path:
-    """A conformance kit binary for a test. Missing, the test skips with the
-    command that builds the kit; in CI (CI=true), where the kit is built
-    first, a missing binary is a failure, never a skip."""
-    if path is not None:
-        return path
-    message = f"{what} is not built: run `bash conformance/build` (needs Go)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message}; CI builds the kit before the tests", pytrace=False)
-    pytest.skip(message)

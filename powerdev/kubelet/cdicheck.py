@@ -1,27 +1,14 @@
-"""The real CDI library (shared/cdicheck/, the code containerd and CRI-O
-use) as a command: validate spec dirs, and resolve CDI names into an OCI
-spec as a runtime does. For tests; nothing in the daemon uses it."""
+"""The real CDI library (tags.cncf.io/container-device-interface, the code
+containerd and CRI-O use) as a command, conformance/cdicheck: validate spec
+dirs, and resolve CDI names into an OCI spec as a runtime does. This module
+runs it; kit.py finds it. For tests; nothing in the daemon uses it."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
-
-CDICHECK_ENV = "POWERDEV_CDICHECK"
-
-
-def find_cdicheck() -> Path | None:
-    """$POWERDEV_CDICHECK, or shared/cdicheck/cdicheck beside this checkout."""
-    named = os.environ.get(CDICHECK_ENV)
-    candidates = [Path(named)] if named else []
-    candidates.append(Path(__file__).resolve().parents[2].parent / "shared/cdicheck/cdicheck")
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def _run(binary: Path, *args: str) -> dict[str, Any]:

@@ -4,15 +4,15 @@
 Kubernetes release that conformance/go.mod names) links the kubelet's device
 manager (registration server, endpoint client, capacity, admission, Allocate,
 checkpoint) and its PodResources service, and reads one command per line on
-stdin, answering each with one JSON object per line. This module runs it as a child process, for the
-conformance tests and `powerdev bench`; nothing in the daemon uses it.
+stdin, answering each with one JSON object per line. This module runs it as
+a child process (kit.py finds it), for the conformance tests and `powerdev
+bench`; nothing in the daemon uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -22,22 +22,6 @@ from typing import Any
 import trio
 
 from powerdev.config import DEFAULT_RESOURCE_NAME
-
-HARNESS_ENV = "POWERDEV_DMHARNESS"
-KIT_BIN = Path(__file__).resolve().parents[2] / "conformance" / "bin"
-
-
-def find_kit_binary(name: str, env: str) -> Path | None:
-    """A conformance kit binary: $env if set, else conformance/bin/NAME in
-    this checkout; None when neither is an executable file."""
-    named = os.environ.get(env)
-    path = Path(named) if named else KIT_BIN / name
-    return path if path.is_file() and os.access(path, os.X_OK) else None
-
-
-def find_dmharness() -> Path | None:
-    """$POWERDEV_DMHARNESS, or conformance/bin/dmharness in this checkout."""
-    return find_kit_binary("dmharness", HARNESS_ENV)
 
 
 class HarnessError(Exception):

@@ -1,6 +1,6 @@
 """CDI mode end to end: the daemon writes specs that the real CDI library
-(shared/cdicheck, the code containerd and CRI-O use) loads, and the names
-Allocate returns resolve into exactly the expected device nodes."""
+(conformance/cdicheck, the code containerd and CRI-O use) loads, and the
+names Allocate returns resolve into exactly the expected device nodes."""
 
 import json
 import os
@@ -10,22 +10,22 @@ import subprocess
 import pytest
 import trio
 
-from powerdev.kubelet.cdicheck import find_cdicheck, inject, validate
+from powerdev.kubelet.cdicheck import inject, validate
+from powerdev.kubelet.kit import CDICHECK
 from powerdev.testing import make_nodes
-from tests.conftest import IS_ROOT, config_for, daemon_and_kubelet, make_dev_tree
+from tests.conftest import IS_ROOT, config_for, daemon_and_kubelet, make_dev_tree, require_tool
 
-CDICHECK = find_cdicheck()
-needs_cdicheck = pytest.mark.skipif(
-    CDICHECK is None,
-    reason="the CDI library's checker (shared/cdicheck/cdicheck beside the checkout, or "
-    "$POWERDEV_CDICHECK) is not on this machine",
-)
 LIMIT = 30
 CONFIG = (
     '{"include-devices": ["/dev/dm-*", "/dev/mapper/*"], "cdi": true, '
     '"permissions": "rw", "device-uid": 0, "device-gid": 6, "device-mode": "0660"}'
 )
 SPEC = "power-dev-plugin-dev.json"
+
+
+@pytest.fixture
+def cdicheck():
+    return require_tool(CDICHECK)
 
 
 def nodes_of(resolved):
@@ -35,8 +35,7 @@ def nodes_of(resolved):
     )
 
 
-@needs_cdicheck
-async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path):
+async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cdicheck):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "mapper/mpatha"])
     specs = tmp_path / "cdi"
     specs.mkdir()
@@ -51,10 +50,10 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path):
                 "power-dev-plugin/dev=dm-1",
                 "power-dev-plugin/dev=mapper.mpatha",
             )
-            checked = validate(CDICHECK, specs)
+            checked = validate(cdicheck, specs)
             assert checked["ok"] and checked["errorCount"] == 0, checked
             assert [s["path"] for s in checked["specs"]] == [str(specs / SPEC)]
-            resolved = inject(CDICHECK, [specs], list(grant.cdi_devices))
+            resolved = inject(cdicheck, [specs], list(grant.cdi_devices))
             assert resolved["ok"], resolved["error"]
             assert nodes_of(resolved) == [
                 (f"/dev/{n}", "c", 1, 3, 0, 6, 0o660) for n in ("dm-0", "dm-1", "mapper/mpatha")
@@ -66,18 +65,17 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path):
             await h.kubelet.wait_until(lambda k: "dm-7" in h.state().devices)
             grant = await h.kubelet.allocate(h.name, ["dm-7"])
             assert "power-dev-plugin/dev=dm-7" in grant.cdi_devices
-            assert inject(CDICHECK, [specs], list(grant.cdi_devices))["ok"]
+            assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
             os.unlink(dev / "dm-1")
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert "power-dev-plugin/dev=dm-1" not in grant.cdi_devices
-            gone = inject(CDICHECK, [specs], ["power-dev-plugin/dev=dm-1"])
+            gone = inject(cdicheck, [specs], ["power-dev-plugin/dev=dm-1"])
             assert not gone["ok"] and gone["unresolved"] == ["power-dev-plugin/dev=dm-1"]
         assert not (specs / SPEC).exists()  # the resource stopped: its spec went with it
 
 
-@needs_cdicheck
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod, and running as other users")
-async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path):
+async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, cdicheck):
     dev = tmp_path / "dev"
     make_nodes(dev, ["dm-0"])
     specs = tmp_path / "cdi"
@@ -86,7 +84,7 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path):
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev, cdi_spec_dir=specs) as h:
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
-            (node,) = inject(CDICHECK, [specs], list(grant.cdi_devices))["linuxDevices"]
+            (node,) = inject(cdicheck, [specs], list(grant.cdi_devices))["linuxDevices"]
     # Made as a runtime makes it, in a "container /dev" of our own.
     container_dev = tmp_path / "container-dev"
     container_dev.mkdir()
@@ -114,7 +112,6 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path):
     assert denied.returncode != 0 and "Permission denied" in denied.stderr
 
 
-@needs_cdicheck
 async def test_turning_cdi_off_by_reload_removes_the_spec_and_answers_devicespecs(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
     specs = tmp_path / "cdi"

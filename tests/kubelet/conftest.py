@@ -13,17 +13,17 @@ import pytest
 import trio
 
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
-from powerdev.kubelet.devicemanager import DeviceManager, find_dmharness
+from powerdev.kubelet.devicemanager import DeviceManager
+from powerdev.kubelet.kit import DMHARNESS
 from powerdev.testing import run_command
-from tests.conftest import require_kit_binary, wait_for_file
+from tests.conftest import require_tool, wait_for_file
 
-DMHARNESS = find_dmharness()
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
 
 
 @pytest.fixture
 def dmharness() -> Path:
-    return require_kit_binary(DMHARNESS, "the kubelet's device manager harness (dmharness)")
+    return require_tool(DMHARNESS)
 
 
 @dataclass
