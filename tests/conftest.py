@@ -40,16 +40,20 @@ def tmp_path():
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
 
 
-def require_tool(tool: KitBinary) -> Path:
-    """A conformance kit binary's path. Missing, the test skips with one line
-    that names the command that builds the kit, or fails when $CI is "true":
-    CI builds the kit first and must never skip a check against the real thing."""
-    path = tool.find()
-    if path is None:
+def require(found: Path | None, missing: str) -> Path:
+    """`found`; if None, the test skips with `missing` (one line that names
+    the command that builds the kit), or fails when $CI is "true": CI builds
+    the kit first and must never skip a check against the real thing."""
+    if found is None:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {tool.missing}", pytrace=False)
-        pytest.skip(tool.missing)
-    return path
+            pytest.fail(f"CI=true: {missing}", pytrace=False)
+        pytest.skip(missing)
+    return found
+
+
+def require_tool(tool: KitBinary) -> Path:
+    """A conformance kit binary's path, or the skip (the failure in CI) above."""
+    return require(tool.find(), tool.missing)
 
 
 def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
@@ -189,4 +193,3 @@ class StubResources:
 
     def changed(self):
         self.calls.append(("changed", None))
-

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65viceplugin/v1beta1/api.proto\x12\x07v1beta1\"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n\x12pre_start_required\x18\x01 \x01(\x08\x12*\n\"get_preferred_allocation_available\x18\x02 \x01(\x08\"z\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1.DevicePluginOptions\"\x07\n\x05\x45mpty\"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.v1beta1.Device\"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.v1beta1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"M\n\x06\x44\x65vice\x12\n\n\x02ID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\'\n\x08topology\x18\x03 \x01(\x0b\x32\x15.v1beta1.TopologyInfo\".\n\x18PreStartContainerRequest\x12\x12\n\ndevicesIDs\x18\x01 \x03(\t\"\x1b\n\x19PreStartContainerResponse\"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest\"{\n#ContainerPreferredAllocationRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_deviceIDs\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05\"i\n\x1bPreferredAllocationResponse\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocationResponse\"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t\"P\n\x0f\x41llocateRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateRequest\".\n\x18\x43ontainerAllocateRequest\x12\x12\n\ndevicesIDs\x18\x01 \x03(\t\"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32\".v1beta1.ContainerAllocateResponse\"\xf1\x02\n\x19\x43ontainerAllocateResponse\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n\x06mounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.v1beta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResponse.AnnotationsEntry\x12\'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2F\n\x0cRegistration\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty\"\x00\x32\xa3\x03\n\x0c\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.DevicePluginOptions\"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchResponse\"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a$.v1beta1.PreferredAllocationResponse\"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest\x1a\x19.v1beta1.AllocateResponse\"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerRequest\x1a\".v1beta1.PreStartContainerResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65viceplugin/v1beta1/api.proto\x12\x07v1beta1\"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n\x12pre_start_required\x18\x01 \x01(\x08\x12*\n\"get_preferred_allocation_available\x18\x02 \x01(\x08\"z\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1.DevicePluginOptions\"\x07\n\x05\x45mpty\"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.v1beta1.Device\"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.v1beta1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"M\n\x06\x44\x65vice\x12\n\n\x02ID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\'\n\x08topology\x18\x03 \x01(\x0b\x32\x15.v1beta1.TopologyInfo\"/\n\x18PreStartContainerRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x1b\n\x19PreStartContainerResponse\"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest\"{\n#ContainerPreferredAllocationRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_deviceIDs\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05\"i\n\x1bPreferredAllocationResponse\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocationResponse\"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t\"P\n\x0f\x41llocateRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateRequest\"/\n\x18\x43ontainerAllocateRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32\".v1beta1.ContainerAllocateResponse\"\xf1\x02\n\x19\x43ontainerAllocateResponse\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n\x06mounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.v1beta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResponse.AnnotationsEntry\x12\'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2F\n\x0cRegistration\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty\"\x00\x32\xa3\x03\n\x0c\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.DevicePluginOptions\"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchResponse\"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a$.v1beta1.PreferredAllocationResponse\"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest\x1a\x19.v1beta1.AllocateResponse\"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerRequest\x1a\".v1beta1.PreStartContainerResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,37 +50,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEVICE']._serialized_start=403
   _globals['_DEVICE']._serialized_end=480
   _globals['_PRESTARTCONTAINERREQUEST']._serialized_start=482
-  _globals['_PRESTARTCONTAINERREQUEST']._serialized_end=528
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_start=530
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_end=557
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=559
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=661
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_start=663
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_end=786
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=788
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=893
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_start=895
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_end=952
-  _globals['_ALLOCATEREQUEST']._serialized_start=954
-  _globals['_ALLOCATEREQUEST']._serialized_end=1034
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_start=1036
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_end=1082
-  _globals['_ALLOCATERESPONSE']._serialized_start=1084
-  _globals['_ALLOCATERESPONSE']._serialized_end=1167
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_start=1170
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_end=1539
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_start=1444
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_end=1487
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_start=1489
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_end=1539
-  _globals['_MOUNT']._serialized_start=1541
-  _globals['_MOUNT']._serialized_end=1610
-  _globals['_DEVICESPEC']._serialized_start=1612
-  _globals['_DEVICESPEC']._serialized_end=1688
-  _globals['_CDIDEVICE']._serialized_start=1690
-  _globals['_CDIDEVICE']._serialized_end=1715
-  _globals['_REGISTRATION']._serialized_start=1717
-  _globals['_REGISTRATION']._serialized_end=1787
-  _globals['_DEVICEPLUGIN']._serialized_start=1790
-  _globals['_DEVICEPLUGIN']._serialized_end=2209
+  _globals['_PRESTARTCONTAINERREQUEST']._serialized_end=529
+  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_start=531
+  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_end=558
+  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=560
+  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=662
+  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_start=664
+  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_end=787
+  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=789
+  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=894
+  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_start=896
+  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_end=953
+  _globals['_ALLOCATEREQUEST']._serialized_start=955
+  _globals['_ALLOCATEREQUEST']._serialized_end=1035
+  _globals['_CONTAINERALLOCATEREQUEST']._serialized_start=1037
+  _globals['_CONTAINERALLOCATEREQUEST']._serialized_end=1084
+  _globals['_ALLOCATERESPONSE']._serialized_start=1086
+  _globals['_ALLOCATERESPONSE']._serialized_end=1169
+  _globals['_CONTAINERALLOCATERESPONSE']._serialized_start=1172
+  _globals['_CONTAINERALLOCATERESPONSE']._serialized_end=1541
+  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_start=1446
+  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_end=1489
+  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_start=1491
+  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_end=1541
+  _globals['_MOUNT']._serialized_start=1543
+  _globals['_MOUNT']._serialized_end=1612
+  _globals['_DEVICESPEC']._serialized_start=1614
+  _globals['_DEVICESPEC']._serialized_end=1690
+  _globals['_CDIDEVICE']._serialized_start=1692
+  _globals['_CDIDEVICE']._serialized_end=1717
+  _globals['_REGISTRATION']._serialized_start=1719
+  _globals['_REGISTRATION']._serialized_end=1789
+  _globals['_DEVICEPLUGIN']._serialized_start=1792
+  _globals['_DEVICEPLUGIN']._serialized_end=2211
 # @@protoc_insertion_point(module_scope)

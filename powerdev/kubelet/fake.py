@@ -45,7 +45,10 @@ class ResourceState:
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health string
     connected: bool = True
     updates: int = 0  # ListAndWatch messages received on the current connection
-    options: tuple[bool, bool] = (False, False)
+    options: tuple[bool, bool] = (False, False)  # as GetDevicePluginOptions answered
+    # RegisterRequest.options: the kubelet ignores them (the call above is
+    # what counts); kept so that tests can compare the two.
+    register_options: tuple[bool, bool] = (False, False)
     ended_reason: str | None = None
 
     @property
@@ -167,19 +170,29 @@ class FakeKubelet:
 
     # --- Registration -------------------------------------------------------------
 
-    async def register(self, version: str, endpoint: str, resource: str) -> None:
+    async def register(
+        self,
+        version: str,
+        endpoint: str,
+        resource: str,
+        options: tuple[bool, bool] = (False, False),
+    ) -> None:
         """What the Registration service does with one Register call."""
-        await self._register(version, endpoint, resource)
+        await self._register(version, endpoint, resource, options)
 
-    async def _register(self, version: str, endpoint: str, resource: str) -> None:
+    async def _register(
+        self, version: str, endpoint: str, resource: str, options: tuple[bool, bool]
+    ) -> None:
         try:
-            await self._admit(version, endpoint, resource)
+            await self._admit(version, endpoint, resource, options)
         except RegisterRefused as err:
             self.refusals.append(str(err))
             self._note(Event("refused", resource, str(err)))
             raise
 
-    async def _admit(self, version: str, endpoint: str, resource: str) -> None:
+    async def _admit(
+        self, version: str, endpoint: str, resource: str, register_options: tuple[bool, bool]
+    ) -> None:
         if self.refuse_next > 0:
             self.refuse_next -= 1
             raise RegisterRefused("the device manager is not ready (refused on request)")
@@ -207,7 +220,9 @@ class FakeKubelet:
             # real device manager, the old stream is not cut here: it ends
             # when its plugin ends it, and then affects only the old state.
             self._replaced.append(old)
-        state = ResourceState(resource, endpoint, options=options)
+        state = ResourceState(
+            resource, endpoint, options=options, register_options=register_options
+        )
         self.resources[resource] = state
         self.registrations += 1
         scope = trio.CancelScope()

@@ -67,7 +67,9 @@ class ContainerGrant:
     cdi_devices: tuple[str, ...] = ()
 
 
-OnRegister = Callable[[str, str, str], Awaitable[None]]  # version, endpoint, resource name
+# version, endpoint, resource name, and the request's options as
+# (pre_start_required, get_preferred_allocation_available)
+OnRegister = Callable[[str, str, str, tuple[bool, bool]], Awaitable[None]]
 
 
 class _RegistrationService(RegistrationBase):
@@ -76,8 +78,12 @@ class _RegistrationService(RegistrationBase):
 
     async def register(self, register_request: RegisterRequest) -> Empty:
         try:
+            options = register_request.options
             await trio_asyncio.trio_as_aio(self._on_register)(
-                register_request.version, register_request.endpoint, register_request.resource_name
+                register_request.version,
+                register_request.endpoint,
+                register_request.resource_name,
+                (options.pre_start_required, options.get_preferred_allocation_available),
             )
         except RegisterRefused as err:
             raise GRPCError(Status.UNKNOWN, str(err)) from None
@@ -139,7 +145,7 @@ class PluginClient:
             lambda s: s.allocate(
                 AllocateRequest(
                     container_requests=[
-                        ContainerAllocateRequest(devices_i_ds=list(ids)) for ids in requests
+                        ContainerAllocateRequest(devices_ids=list(ids)) for ids in requests
                     ]
                 )
             )
@@ -212,7 +218,7 @@ class PluginClient:
         The answer is not decoded, so a benchmark times the plugin, not this
         client's protobuf decoding (the real kubelet decodes in Go)."""
         request = AllocateRequest(
-            container_requests=[ContainerAllocateRequest(devices_i_ds=list(ids))]
+            container_requests=[ContainerAllocateRequest(devices_ids=list(ids))]
         )
         return len(await self.raw("Allocate", bytes(request)))
 

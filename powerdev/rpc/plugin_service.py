@@ -56,10 +56,14 @@ class PluginService(DevicePluginBase):
         self.registering = False  # set by the caller around its Register call
         self._kubelet_connections: set[object] = set()
 
-    async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
+    def options(self) -> DevicePluginOptions:
+        """What GetDevicePluginOptions answers, and what Register sends."""
         return DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=self._plugin.prefers
         )
+
+    async def get_device_plugin_options(self, empty: Empty) -> DevicePluginOptions:
+        return self.options()
 
     async def _options(self, stream: Stream[Empty, DevicePluginOptions]) -> None:
         request = await stream.recv_message()
@@ -70,7 +74,7 @@ class PluginService(DevicePluginBase):
     async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
         began = metrics.allocate_started(self._plugin.resource.name)
         requests = [
-            _ids(c, ContainerAllocateRequest, "devices_i_ds")
+            _ids(c, ContainerAllocateRequest, "devices_ids")
             for c in _items(allocate_request, "container_requests")
         ]
         try:

@@ -42,6 +42,19 @@ async def test_registers_and_lists_every_device(tmp_path, dev):
             assert stat.S_ISSOCK(os.stat(sock).st_mode)
 
 
+@pytest.mark.parametrize(
+    ("allocation", "options"), [("all", (False, False)), ("each", (False, True))]
+)
+async def test_register_sends_the_options_that_the_options_call_answers(
+    tmp_path, dev, allocation, options
+):
+    config = config_for(f'{{"include-devices": ["/dev/dm-*"], "allocation": "{allocation}"}}')
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            assert h.state().options == options  # GetDevicePluginOptions
+            assert h.state().register_options == options  # RegisterRequest.options
+
+
 async def test_a_change_reaches_the_kubelet_as_a_whole_list(tmp_path, dev):
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:

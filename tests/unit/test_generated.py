@@ -1,11 +1,14 @@
 """The committed generated code matches protos/, and the README and CI agree."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from powerdev._proto import v1beta1
+from powerdev._proto import api_pb2, v1beta1
+from powerdev.kubelet.kit import BUILD_COMMAND
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,5 +36,37 @@ def test_wire_names_and_numbers_match_the_kubelet_api():
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     commands = re.findall(r"```sh\n(.*?)\n```", readme, re.S)
-    test_command = next(c for c in commands if "pytest" in c)
-    assert test_command.strip() in (ROOT / ".ci" / "run").read_text()
+    test_command = next(c for c in commands if "pytest" in c).strip()
+    assert test_command.startswith("bash conformance/build && ")  # the kit, then the tests
+    assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == test_command
+
+
+def _upstream_fields(text: str) -> dict[str, dict[str, int]]:
+    """message -> field name -> number, from the kubelet's api.proto."""
+    messages: dict[str, dict[str, int]] = {}
+    for name, body in re.findall(r"^message (\w+) \{(.*?)^\}", text, re.S | re.M):
+        fields = re.findall(r"^\s*(?:repeated )?(?:map<[^>]+>|\w+) (\w+) = (\d+)", body, re.M)
+        messages[name] = {field: int(number) for field, number in fields}
+    return messages
+
+
+def test_every_message_and_field_has_the_kubelets_name_and_number():
+    """Against k8s.io/kubelet's own api.proto, at the conformance kit's release
+    (from Go's module cache, filled by `bash conformance/build`)."""
+    replaced = re.search(
+        r"k8s.io/kubelet => k8s.io/kubelet (v\S+)", (ROOT / "conformance" / "go.mod").read_text()
+    )
+    assert replaced is not None
+    go = shutil.which("go")
+    cache = go and subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True)
+    api = f"k8s.io/kubelet@{replaced[1]}/pkg/apis/deviceplugin/v1beta1/api.proto"
+    found = Path(cache.stdout.strip(), api) if cache else None
+    upstream = require(
+        found if found and found.is_file() else None,
+        f"{api} is not in Go's module cache: run `{BUILD_COMMAND}` (needs Go)",
+    )
+    ours = {
+        message.name: {field.name: field.number for field in message.fields}
+        for message in api_pb2.DESCRIPTOR.message_types_by_name.values()
+    }
+    assert ours == _upstream_fields(upstream.read_text())

@@ -83,7 +83,7 @@ class Device(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class PreStartContainerRequest(betterproto.Message):
-    devices_i_ds: List[str] = betterproto.string_field(1)
+    devices_ids: List[str] = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)
@@ -124,7 +124,7 @@ class AllocateRequest(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class ContainerAllocateRequest(betterproto.Message):
-    devices_i_ds: List[str] = betterproto.string_field(1)
+    devices_ids: List[str] = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)
