@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from powerdev.config import ResourceConfig
+from powerdev.config import ResourceConfig, cdi_spec_file
 from powerdev.devices.inventory import Snapshot
 from powerdev.devices.model import Device
 
@@ -53,7 +53,7 @@ def qualified_names(resource: ResourceConfig, devices: tuple[Device, ...]) -> tu
 
 
 def spec_path(spec_dir: Path, resource_name: str) -> Path:
-    return spec_dir / f"{kind_for(resource_name).replace('/', '-')}.json"
+    return spec_dir / cdi_spec_file(resource_name)
 
 
 def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[str, object]:

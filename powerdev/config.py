@@ -598,6 +598,7 @@ def _parse_resources(data: dict[str, object], source: str) -> Config:
                     f"give each resource its own {field_name}",
                 )
             seen[value] = i
+    _check_spec_files(resources, source)
     _check_overlaps(resources, source)
     return Config(source=source, resources=tuple(resources), warnings=tuple(warnings))
 
@@ -605,6 +606,30 @@ def _parse_resources(data: dict[str, object], source: str) -> Config:
 def default_socket(resource_name: str) -> str:
     """The socket file of a named resource: power-dev-plugin/lun -> power-dev-plugin-lun.sock."""
     return resource_name.replace("/", "-") + ".sock"
+
+
+def cdi_spec_file(resource_name: str) -> str:
+    """The CDI spec file of a resource: power-dev-plugin/lun -> power-dev-plugin-lun.json."""
+    return resource_name.replace("/", "-") + ".json"
+
+
+def _check_spec_files(resources: list[ResourceConfig], source: str) -> None:
+    """Two CDI resources must not write one spec file (a-b/c and a/b-c would)."""
+    seen: dict[str, int] = {}
+    for i, resource in enumerate(resources):
+        if not resource.cdi:
+            continue
+        name = cdi_spec_file(resource.name)
+        if name in seen:
+            other = resources[seen[name]].name
+            raise ConfigError(
+                source,
+                f"resources[{i}].name",
+                f"{resource.name!r} and resources[{seen[name]}] ({other!r}) would both "
+                f"write the CDI spec file {name}",
+                "rename one of them, or turn cdi off for one",
+            )
+        seen[name] = i
 
 
 def _check_overlaps(resources: list[ResourceConfig], source: str) -> None:

@@ -113,6 +113,14 @@ def resources(*entries):
             "fix the glob",
         ),
         (
+            resources(
+                {"name": "a-b/c", "socket": "1.sock", "cdi": True, "include-devices": ["/dev/a*"]},
+                {"name": "a/b-c", "socket": "2.sock", "cdi": True, "include-devices": ["/dev/b*"]},
+            ),
+            "'resources[1].name'",
+            "rename one of them, or turn cdi off for one",
+        ),
+        (
             resources({"name": "a.io/x", "permisions": "r"}),
             "'resources[0].permisions'",
             "did you mean 'permissions'?",
