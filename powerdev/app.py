@@ -23,7 +23,7 @@ from typing import Protocol
 import trio
 
 from powerdev import metrics, oplog, opsserver
-from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriter
+from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriteError, SpecWriter
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
@@ -315,12 +315,8 @@ async def _keep_spec(writer: SpecWriter, plugin: Plugin) -> None:
             seen = snapshot.version
             try:
                 await writer.ensure(plugin.resource, snapshot)
-            except OSError as err:
-                log.error(
-                    "%s: cannot write the CDI spec (%s); Allocate will retry",
-                    plugin.resource.name,
-                    err,
-                )
+            except SpecWriteError as err:
+                log.error("%s: %s; Allocate will try again", plugin.resource.name, err)
     finally:
         await writer.close()
 

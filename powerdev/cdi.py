@@ -86,6 +86,17 @@ def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[st
     }
 
 
+class SpecWriteError(Exception):
+    """The spec file cannot be written: str() names the file, the reason and the fix."""
+
+    def __init__(self, path: Path, err: OSError) -> None:
+        super().__init__(
+            f"cannot write the CDI spec {path} ({err.strerror or err}): make {path.parent} "
+            "a writable directory (the DaemonSet mounts the host's /var/run/cdi there), "
+            "or turn cdi off"
+        )
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Readers see the old file or the new one, never a part of either."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -124,8 +135,11 @@ class SpecWriter:
                 path = spec_path(self.spec_dir, resource.name)
                 data = json.dumps(build_spec(resource, snapshot.devices), indent=1).encode()
                 self._path = path  # known before it exists: close() will find it
-                with trio.CancelScope(shield=True):  # the thread runs to the end anyway
-                    await trio.to_thread.run_sync(write_atomically, path, data)
+                try:
+                    with trio.CancelScope(shield=True):  # the thread runs to the end anyway
+                        await trio.to_thread.run_sync(write_atomically, path, data)
+                except OSError as err:
+                    raise SpecWriteError(path, err) from None
             else:
                 self.remove()
             self._written = key
@@ -140,8 +154,12 @@ class SpecWriter:
 
     def remove(self) -> None:
         if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self._path.unlink()
-            log.info("removed the CDI spec %s", self._path)
+                log.info("removed the CDI spec %s", self._path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:  # a read-only or vanished directory: never a crash
+                log.warning("could not remove the CDI spec %s: %s", self._path, err.strerror)
             self._path = None
         self._written = None

@@ -26,6 +26,7 @@ from powerdev._proto.v1beta1 import (
     PreStartContainerResponse,
 )
 from powerdev.allocation import AllocationRefused
+from powerdev.cdi import SpecWriteError
 from powerdev.plugin import Plugin
 from powerdev.rpc.answers import Answers
 
@@ -82,7 +83,11 @@ class PluginService(DevicePluginBase):
         except AllocationRefused as err:
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
-        await trio_asyncio.trio_as_aio(self._plugin.prepare)()
+        try:
+            await trio_asyncio.trio_as_aio(self._plugin.prepare)()
+        except SpecWriteError as err:
+            metrics.allocate_refused(self._plugin, requests, err, began)
+            raise GRPCError(Status.FAILED_PRECONDITION, str(err)) from None
         # Already encoded (in a worker thread): the door's codec sends bytes as they are.
         encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
         metrics.allocate_answered(self._plugin.resource.name, began)

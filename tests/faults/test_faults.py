@@ -4,9 +4,12 @@ ends with SIGTERM in the middle of what it does: exit 0, socket removed.
 Devices live in a temp /dev/pool, matched by "/dev/pool/*": powerdev watches
 that directory, so adding and removing nodes there is a real device change."""
 
+import contextlib
 import os
 import signal
+import subprocess
 
+import pytest
 import trio
 import trio.lowlevel
 
@@ -14,7 +17,7 @@ from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.probe import socket_answers
 from powerdev.rpc import PluginClient
 from powerdev.rpc.kubelet_side import PluginCallError
-from powerdev.testing import make_nodes
+from powerdev.testing import is_root, make_nodes
 from tests.conftest import wait_for_file
 from tests.faults.harness import kubelet_running, registered, spawn, write_config
 
@@ -313,3 +316,44 @@ async def test_a_storm_of_thousands_of_changes_ends_exact(tmp_path):
             assert updates == 1
             make_nodes(dev / "pool", [f"t{i}" for i in range(500)])
             await stop_cleanly(daemon)  # SIGTERM in the middle of a storm
+
+
+@contextlib.contextmanager
+def read_only_dir(path):
+    """A directory nobody may write: a read-only tmpfs as root (mode bits do
+    not stop root), mode 0555 otherwise."""
+    path.mkdir()
+    if not is_root():
+        path.chmod(0o555)
+        yield "Permission denied"
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "none", str(path)], check=True)
+    try:
+        yield "Read-only file system"
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+async def test_a_cdi_spec_dir_that_cannot_be_written_is_an_allocate_error_not_a_crash(tmp_path):
+    make_nodes(tmp_path / "dev" / "pool", ["d0", "d1"])
+    config = write_config(
+        tmp_path / "config.json", **{"include-devices": ["/dev/pool/*"], "cdi": True}
+    )
+    specs = tmp_path / "cdi"
+    with trio.fail_after(LIMIT), read_only_dir(specs) as reason:
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, _),
+            spawn(tmp_path, config, tmp_path / "dev", "d", "--cdi-spec-dir", str(specs)) as daemon,
+        ):
+            await kubelet.wait_until(registered(1, 2))
+            for _ in range(2):  # refused each time, and served on
+                with pytest.raises(PluginCallError) as err:
+                    await kubelet.allocate(RESOURCE, ["pool.d0"])
+                assert err.value.status == "FAILED_PRECONDITION"
+                assert f"cannot write the CDI spec {specs}/power-dev-plugin-dev.json" in str(
+                    err.value
+                )
+                assert reason in str(err.value) and "turn cdi off" in str(err.value)
+            assert kubelet.resources[RESOURCE].connected
+            assert daemon.lines("Traceback") == []
+            await stop_cleanly(daemon)
