@@ -153,8 +153,9 @@ async def run(
             if settings.config_path is not None:
                 reloader = Reloader(settings, running, loaded=config.raw)
                 await nursery.start(reloader.run)
-            for plugin in plugins:
-                await running.start(plugin, wait=True)
+            async with trio.open_nursery() as starting:  # side by side: one may wait long
+                for plugin in plugins:
+                    starting.start_soon(partial(running.start, plugin, wait=True))
             task_status.started(running.plugins)
 
 
@@ -273,6 +274,11 @@ class Running:
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
                 await resource.start(serve_resource, self.settings.plugin_dir, plugin, self.status)
                 task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+        # Here only when a reload removed it (its scope cancelled), perhaps
+        # before it ever served (no kubelet yet, or its socket still held by
+        # another plugin): whoever waits for it to serve waits no more.
+        task_status.started()
 
 
 def _open_netlink(wanted: str, stack: contextlib.ExitStack) -> list[EventSource]:

@@ -5,6 +5,7 @@ is logged with file, field and fix, and the last good one stays in force."""
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import trio
@@ -108,3 +109,36 @@ async def test_sighup_reloads(tmp_path):
             await kubelet.wait_until(lambda k: set(k.resources[RESOURCE].devices) == {"pool.d1"})
             assert "received SIGHUP" in "".join(daemon.lines("SIGHUP"))
             assert await daemon.terminate() == 0
+
+
+async def test_a_resource_removed_while_it_still_waits_to_serve_takes_nothing_down(tmp_path):
+    # resources[1]'s socket is held by another server (an old plugin in a
+    # migration), so it waits to serve; the reload that removes it meanwhile
+    # must leave the daemon and resources[0] as they are.
+    dev = tmp_path / "dev"
+    make_nodes(dev / "pool", ["a0", "a1", "b0"])
+    plugin_dir = tmp_path / "device-plugins"
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    served = {"name": "example.com/a", "include-devices": ["/dev/pool/a*"]}
+    held = {"name": "example.com/b", "include-devices": ["/dev/pool/b*"], "socket": "b.sock"}
+    volume.write(resources=[served, held])
+    with trio.fail_after(LIMIT), socket.socket(socket.AF_UNIX) as other:
+        async with kubelet_running(plugin_dir) as (kubelet, _):
+            other.bind(str(plugin_dir / "b.sock"))
+            other.listen()
+            async with spawn(tmp_path, volume.path, dev) as daemon:
+                await wait_for_file(daemon.log, lambda t: "another server answers" in t)
+                await kubelet.wait_until(
+                    lambda k: (
+                        "example.com/a" in k.resources and k.resources["example.com/a"].updates
+                    )
+                )
+                volume.write(resources=[served])
+                await wait_for_file(
+                    daemon.log, lambda t: "example.com/b: gone from the config" in t
+                )
+                grant = await kubelet.allocate("example.com/a", ["pool.a0"])
+                assert len(grant.devices) == 2  # still serving
+                assert daemon.proc.returncode is None
+                assert daemon.lines("Traceback") == []
+                assert await daemon.terminate() == 0
