@@ -240,6 +240,11 @@ class Running:
     async def rescan(self, plugin: Plugin) -> None:
         await scan(plugin)
 
+    async def reconfigure(self, plugin: Plugin, resource: ResourceConfig) -> None:
+        """New settings for a served resource, in force with the list found under them."""
+        if await plugin.reconfigure(resource):
+            _log_devices(plugin)
+
     def changed(self) -> None:
         """A config was applied: watch what the patterns name now; wake the
         rescan timers, whose interval may have changed."""

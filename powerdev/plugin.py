@@ -21,7 +21,7 @@ class Plugin:
     def __init__(
         self, resource: ResourceConfig, inventory: Inventory, tracker: Tracker | None = None
     ) -> None:
-        self.resource = resource
+        self._resource = resource
         self.inventory = inventory
         self.tracker = tracker  # keeps the inventory in step with the host (None in unit tests)
         self._units_key: tuple[object, ...] | None = None
@@ -38,10 +38,20 @@ class Plugin:
         # sure the spec file names what the answer names.
         self.prepare: Callable[[], Awaitable[None]] = _nothing
 
-    def set_resource(self, resource: ResourceConfig) -> None:
-        self.resource = resource
-        if self.tracker is not None:
-            self.tracker.resource = resource
+    @property
+    def resource(self) -> ResourceConfig:
+        """The settings in force: the tracker's, which switches them in the
+        same step as it publishes the list found under them."""
+        return self.tracker.resource if self.tracker is not None else self._resource
+
+    async def reconfigure(self, resource: ResourceConfig) -> bool:
+        """Rescan under new settings, then put settings and list in force at
+        once: no Allocate sees the new settings with the old list (a device
+        just excluded still granted) or the other way round."""
+        if self.tracker is None:
+            self._resource = resource
+            return False
+        return await self.tracker.rescan(resource)
 
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""

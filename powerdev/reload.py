@@ -46,6 +46,8 @@ class Resources(Protocol):
 
     async def rescan(self, plugin: Plugin) -> None: ...
 
+    async def reconfigure(self, plugin: Plugin, resource: ResourceConfig) -> None: ...
+
     async def add(self, resource: ResourceConfig) -> None: ...
 
     def remove(self, plugin: Plugin) -> None: ...
@@ -177,9 +179,8 @@ class Reloader:
             if getattr(old, name) != getattr(resource, name)
         )
         log.info("%s: config applied: %s", resource.name, changes)
-        plugin.set_resource(resource)
         metrics.rescan(resource.name, "config")
-        await self.running.rescan(plugin)
+        await self.running.reconfigure(plugin, resource)
         # What is advertised or granted for the same devices may have changed
         # (units, permissions, CDI): a new version, for every follower.
         plugin.inventory.publish(plugin.inventory.current.devices, force=True)

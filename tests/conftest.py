@@ -185,6 +185,10 @@ class StubResources:
     async def rescan(self, plugin):
         self.calls.append(("rescan", plugin))
 
+    async def reconfigure(self, plugin, resource):
+        self.calls.append(("reconfigure", plugin))
+        plugin._resource = resource
+
     async def add(self, resource):
         self.calls.append(("add", resource))
 

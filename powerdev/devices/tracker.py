@@ -73,7 +73,8 @@ class Tracker:
         guard: HostUseGuard | None = None,
         udev_data: Path | None = None,
     ) -> None:
-        self.resource = resource
+        self.resource = resource  # in force: what the published list was found under
+        self._wanted = resource  # what the next rescan looks for (a reload may change it)
         self.inventory = inventory
         self.dev_root = dev_root
         self.sys_root = sys_root
@@ -92,8 +93,10 @@ class Tracker:
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
 
-    async def rescan(self) -> bool:
+    async def rescan(self, resource: ResourceConfig | None = None) -> bool:
         """Discover everything again; True if the published list changed.
+        With `resource` (a reload), discover under it and put it in force in
+        the same step as the list it found.
 
         The scan (thousands of stat calls, and the host-use screen's reads of
         sysfs) runs in a worker thread. Events that arrive meanwhile are
@@ -102,18 +105,22 @@ class Tracker:
         event, SIGHUP, the timer, a config change): one that began before
         the last published one is dropped, since it saw an older host and
         maybe an older config."""
+        if resource is not None:
+            self._wanted = resource  # every rescan begun from now on looks for it
+        using = self._wanted
         self._scans += 1
         self._scan_seq += 1
         began = self._scan_seq
         try:
             found, unmatched = await trio.to_thread.run_sync(
-                self._discover, self.resource, dict(self.inventory.by_path)
+                self._discover, using, dict(self.inventory.by_path)
             )
         finally:
             self._scans -= 1
         changed = False
         if began > self._published_seq:
             self._published_seq = began
+            self.resource = using
             self._unmatched = {}
             for device in unmatched:
                 self._unmatched.setdefault((device.major, device.minor), set()).add(device.path)

@@ -339,4 +339,4 @@ async def test_config_reloads_applied_and_rejected_are_counted_with_the_last_goo
     assert counted("powerdev_config_reloads_total", result="applied") == applied + 1
     assert counted("powerdev_config_last_applied_timestamp_seconds") > 0
     assert counted("powerdev_rescans_total", resource=name, cause="config") == config_rescans + 1
-    assert ("rescan", plugin) in running.calls and plugin.resource.permissions == "r"
+    assert ("reconfigure", plugin) in running.calls and plugin.resource.permissions == "r"

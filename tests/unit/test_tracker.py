@@ -191,8 +191,43 @@ async def test_a_rescan_that_began_earlier_never_overwrites_a_later_one(tmp_path
     async with trio.open_nursery() as nursery:
         nursery.start_soon(t.rescan)  # under the wide config; held in its thread
         await trio.to_thread.run_sync(entered.wait, 10)
-        t.resource = ResourceConfig(include=("/dev/dm-0",))
-        await t.rescan()  # the narrow one finishes first
+        await t.rescan(ResourceConfig(include=("/dev/dm-0",)))  # the narrow one finishes first
         assert listed(t) == {"/dev/dm-0": True}
         release.set()
     assert listed(t) == {"/dev/dm-0": True}  # the older result was dropped
+    assert t.resource.include == ("/dev/dm-0",)
+
+
+async def test_new_settings_come_into_force_with_the_list_found_under_them(tmp_path):
+    """A reload that excludes a device and changes permissions: while its
+    rescan runs, an Allocate still sees the old settings with the old list,
+    and afterwards the new settings with the new list, never a mix."""
+    import threading
+    from dataclasses import replace
+
+    import trio
+
+    from powerdev.plugin import Plugin
+
+    t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
+    plugin = Plugin(t.resource, t.inventory, t)
+    release, entered = threading.Event(), threading.Event()
+    real = t._discover
+
+    def held(resource, listed):
+        entered.set()
+        release.wait(10)
+        return real(resource, listed)
+
+    t._discover = held
+    new = replace(INCLUDE, exclude=("/dev/dm-1",), permissions="r")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(plugin.reconfigure, new)
+        await trio.to_thread.run_sync(entered.wait, 10)
+        assert plugin.resource == INCLUDE
+        (grant,) = plugin.allocate([[plugin.units()[0].id]], refresh=False)
+        assert [g.host_path for g in grant] == ["/dev/dm-0", "/dev/dm-1"]
+        release.set()
+    assert plugin.resource == new
+    (grant,) = plugin.allocate([[plugin.units()[0].id]], refresh=False)
+    assert [(g.host_path, g.permissions) for g in grant] == [("/dev/dm-0", "r")]
