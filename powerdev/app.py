@@ -32,11 +32,12 @@ from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
-from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
+from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from powerdev.plugin import Plugin
 from powerdev.registration import serve_resource
 from powerdev.reload import Reloader
 from powerdev.rpc import asyncio_door
+from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
 from powerdev.status import StatusFile
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ class Settings:
     # None: this process's own, which is the host's when not in a container.
     host_mountinfo: Path | None = None
     cdi_spec_dir: Path = Path(DEFAULT_SPEC_DIR)  # where CDI-mode resources write their spec
+    # The kubelet's PodResources API: which devices pods hold (None: never ask,
+    # and so never forget a device a CDI spec once named).
+    pod_resources_socket: Path | None = Path(DEFAULT_POD_RESOURCES_SOCKET)
+    cdi_recheck_interval: float = 30.0  # seconds between asks while a spec keeps held devices
     udev_data: Path | None = None  # udev's database (/run/udev/data), for properties and identities
     # The flat config form's resource and socket names (the command line's).
     resource_name: str = DEFAULT_RESOURCE_NAME
@@ -178,7 +183,9 @@ class Running:
         self._dirs = dirs
         self.status = StatusFile(settings.status_file)
         self._scopes: dict[str, trio.CancelScope] = {}
+        self._writers: dict[str, SpecWriter] = {}
         self._applied = trio.Event()
+        self._unheld: str | None = None  # why the kubelet could not say what pods hold
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
         """A resource's plugin, scanned and followed, not yet served."""
@@ -234,6 +241,11 @@ class Running:
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()
+        writer = self._writers.pop(name, None)
+        if writer is not None:  # its CDI spec goes once no pod holds what it names
+            self._nursery.start_soon(
+                _retire_spec, writer, plugin.resource, self.settings.cdi_recheck_interval
+            )
         self.status.forget(name)
         self._watch()
 
@@ -260,6 +272,28 @@ class Running:
                 metrics.events_received(source, batch)
                 _apply(batch, self.plugins, self._nursery)
 
+    async def held_ids(self) -> dict[str, set[str]] | None:
+        """Resource name -> device IDs pods hold, from the kubelet; None when
+        it cannot be asked (said once, and once again when it answers)."""
+        socket = self.settings.pod_resources_socket
+        if socket is None:
+            return None
+        try:
+            held = await held_ids(socket)
+        except PodResourcesUnavailable as err:
+            if self._unheld is None:
+                log.warning(
+                    "cannot ask the kubelet which devices pods hold (%s): CDI specs keep "
+                    "every device they named until it answers",
+                    err,
+                )
+            self._unheld = str(err)
+            return None
+        if self._unheld is not None:
+            log.info("the kubelet's PodResources API answers again")
+            self._unheld = None
+        return held
+
     def _watch(self) -> None:
         if self._dirs is not None:
             self._dirs.watch(_levels(self.plugins))
@@ -267,7 +301,8 @@ class Running:
     async def _serve(
         self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        writer = SpecWriter(self.settings.cdi_spec_dir)
+        writer = SpecWriter(self.settings.cdi_spec_dir, plugin.resource.name, self.held_ids)
+        self._writers[plugin.resource.name] = writer
         plugin.prepare = partial(_write_spec, writer, plugin)
         scope = self._scopes.get(plugin.resource.name)
         if scope is None or plugin not in self.plugins:
@@ -275,7 +310,7 @@ class Running:
             return  # removed before it was served
         with scope:
             async with trio.open_nursery() as resource:
-                resource.start_soon(_keep_spec, writer, plugin)
+                resource.start_soon(_keep_spec, writer, plugin, self.settings.cdi_recheck_interval)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
                 await resource.start(serve_resource, self.settings.plugin_dir, plugin, self.status)
                 task_status.started()
@@ -316,20 +351,37 @@ async def _write_spec(writer: SpecWriter, plugin: Plugin) -> None:
     await writer.ensure(plugin.resource, plugin.inventory.current)
 
 
-async def _keep_spec(writer: SpecWriter, plugin: Plugin) -> None:
-    """CDI mode: the spec file follows every change of the resource's list
-    (a changed config publishes anew too), and goes when the resource stops."""
-    try:
-        seen = 0
-        while True:
+async def _keep_spec(writer: SpecWriter, plugin: Plugin, interval: float) -> None:
+    """The CDI spec follows every change of the resource's list (a changed
+    config publishes anew too); while it keeps devices only because pods may
+    hold them, the kubelet is asked again every `interval` seconds. The file
+    stays when the daemon stops: the next one reads it back."""
+    seen = 0
+    while True:
+        snapshot = None
+        with trio.move_on_after(interval if writer.keeps else math.inf):
             snapshot = await plugin.inventory.wait_newer(seen)
-            seen = snapshot.version
-            try:
+        try:
+            if snapshot is None:
+                await writer.recheck(plugin.resource, plugin.inventory.current)
+            else:
+                seen = snapshot.version
                 await writer.ensure(plugin.resource, snapshot)
-            except SpecWriteError as err:
-                log.error("%s: %s; Allocate will try again", plugin.resource.name, err)
-    finally:
-        await writer.close()
+        except SpecWriteError as err:
+            log.error("%s: %s; Allocate will try again", plugin.resource.name, err)
+
+
+async def _retire_spec(writer: SpecWriter, resource: ResourceConfig, interval: float) -> None:
+    """A resource gone from the config: its spec shrinks to what pods still
+    hold, asked every `interval` seconds, and goes when that is nothing."""
+    while True:
+        try:
+            await writer.recheck(resource, None)
+        except SpecWriteError as err:
+            log.error("%s: %s", resource.name, err)
+        if not writer.keeps:
+            return
+        await trio.sleep(interval)
 
 
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:

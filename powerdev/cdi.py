@@ -7,9 +7,11 @@ resource name `power-dev-plugin/dev`), with the node's path, type, numbers,
 cgroup permissions and, where configured, the uid, gid and mode it should
 have in the container. The runtime (containerd 1.7+, CRI-O) resolves the
 names Allocate returns from that file, so the file is rewritten (atomically:
-a temp file renamed over it) before any answer names a device it lacks, and
-removed when the resource stops. Pure functions build the spec; SpecWriter
-keeps the file in step with the inventory.
+a temp file renamed over it) before any answer names a device it lacks. The
+kubelet sends the same names again at every container restart, so a device
+stays in the file while a pod may hold it (the kubelet's PodResources API),
+across daemon restarts. Pure functions build the spec; SpecWriter keeps the
+file in step with the inventory and the holders.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -57,33 +60,26 @@ def spec_path(spec_dir: Path, resource_name: str) -> Path:
 
 
 def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[str, object]:
-    entries: dict[str, list[dict[str, object]]] = {}  # one CDI device per ID, every name of it
-    for device in devices:
-        if not device.healthy:
-            continue  # not the device the kubelet handed out under that ID
-        node: dict[str, object] = {
-            "path": device.path,
-            "hostPath": device.path,
-            "type": device.kind,
-            "major": device.major,
-            "minor": device.minor,
-            "permissions": resource.permissions,
-        }
-        if resource.device_uid is not None:
-            node["uid"] = resource.device_uid
-        if resource.device_gid is not None:
-            node["gid"] = resource.device_gid
-        if resource.device_mode is not None:
-            node["fileMode"] = resource.device_mode
-        entries.setdefault(device_name(device.id), []).append(node)
-    return {
-        "cdiVersion": CDI_VERSION,
-        "kind": kind_for(resource.name),
-        "devices": [
-            {"name": name, "containerEdits": {"deviceNodes": nodes}}
-            for name, nodes in entries.items()
-        ],
+    """The spec of a resource's healthy devices: one CDI device per ID, every name of it."""
+    return _spec(resource.name, _entries(resource, devices))
+
+
+def _node(resource: ResourceConfig, device: Device) -> dict[str, object]:
+    node: dict[str, object] = {
+        "path": device.path,
+        "hostPath": device.path,
+        "type": device.kind,
+        "major": device.major,
+        "minor": device.minor,
+        "permissions": resource.permissions,
     }
+    if resource.device_uid is not None:
+        node["uid"] = resource.device_uid
+    if resource.device_gid is not None:
+        node["gid"] = resource.device_gid
+    if resource.device_mode is not None:
+        node["fileMode"] = resource.device_mode
+    return node
 
 
 class SpecWriteError(Exception):
@@ -112,54 +108,156 @@ def write_atomically(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
+# Asks the kubelet: resource name -> device IDs some pod holds; None when it cannot be asked.
+Held = Callable[[], Awaitable["dict[str, set[str]] | None"]]
+
+
 class SpecWriter:
-    """Keeps one resource's CDI spec file in step with its inventory."""
+    """Keeps one resource's CDI spec file in step with its inventory, and
+    never forgets a device some pod may still be started with.
 
-    def __init__(self, spec_dir: Path) -> None:
-        self.spec_dir = spec_dir
-        self._written: tuple[object, ...] | None = None  # what the file holds now
-        self._path: Path | None = None
+    The kubelet keeps the CDI names of each Allocate answer in its
+    checkpoint and sends them again at every container restart, so a name
+    must resolve for as long as any pod holds it. The file holds the
+    resource's healthy devices, and also each device written before that
+    the kubelet's PodResources API still lists as held ("each": by the
+    device's own ID; "all": while any pod holds any unit, since each holder
+    was answered with every device). When the kubelet cannot be asked, the
+    safe side: nothing written is forgotten. The file outlives the process
+    (an upgrade's next daemon reads it back), and goes only when nothing in
+    it is new or held: after the resource left the config or turned CDI
+    off, once its last holder is gone.
+    """
+
+    def __init__(self, spec_dir: Path, resource_name: str, held_ids: Held | None = None) -> None:
+        self.path = spec_dir / cdi_spec_file(resource_name)
+        self._resource_name = resource_name
+        self._held_ids = held_ids
+        self._held: set[str] | None = None  # this resource's held IDs, as last asked; None: unknown
+        self._asked = 0  # how many times the kubelet was asked
+        self._entries: dict[str, list[dict[str, object]]] | None = None  # the file's; None: unread
+        self._kept: set[str] = set()  # names the file holds only because a pod may hold them
+        self._done: tuple[object, ...] | None = None  # what the file was last made from
         self._lock = trio.Lock()
-        self._closed = False
 
-    async def ensure(self, resource: ResourceConfig, snapshot: Snapshot) -> None:
-        """The file holds this snapshot's healthy devices, or is gone when CDI
-        is off. Returns once that is so: Allocate waits on it."""
-        key = (resource, snapshot.version) if resource.cdi else None
-        if key == self._written or self._closed:
+    @property
+    def keeps(self) -> bool:
+        """Does the file hold devices only because a pod may hold them?"""
+        return bool(self._kept)
+
+    async def ensure(self, resource: ResourceConfig, snapshot: Snapshot | None) -> None:
+        """The file holds this snapshot's healthy devices (none when CDI is off
+        or the resource is gone: snapshot None), and every device written
+        before that may still be held. Returns once that is so: Allocate
+        waits on it. SpecWriteError when the directory refuses."""
+        key = (resource, snapshot.version if snapshot is not None else None, self._asked)
+        if key == self._done:
             return
         async with self._lock:
-            if key == self._written or self._closed:
+            if key == self._done:
                 return
-            if resource.cdi:
-                path = spec_path(self.spec_dir, resource.name)
-                data = json.dumps(build_spec(resource, snapshot.devices), indent=1).encode()
-                self._path = path  # known before it exists: close() will find it
-                try:
-                    with trio.CancelScope(shield=True):  # the thread runs to the end anyway
-                        await trio.to_thread.run_sync(write_atomically, path, data)
-                except OSError as err:
-                    raise SpecWriteError(path, err) from None
-            else:
-                self.remove()
-            self._written = key
+            stale = False
+            if self._entries is None:
+                self._entries, stale = await trio.to_thread.run_sync(_read_entries, self.path)
+            current = {}
+            if resource.cdi and snapshot is not None:
+                current = _entries(resource, snapshot.devices)
+            kept = {
+                name: nodes
+                for name, nodes in self._entries.items()
+                if name not in current and self._may_be_held(resource, name)
+            }
+            merged = current | kept
+            if merged != self._entries or stale:
+                if merged:
+                    data = json.dumps(_spec(resource.name, merged), indent=1).encode()
+                    try:
+                        with trio.CancelScope(shield=True):  # the thread runs to the end anyway
+                            await trio.to_thread.run_sync(write_atomically, self.path, data)
+                    except OSError as err:
+                        raise SpecWriteError(self.path, err) from None
+                else:
+                    self._remove()
+                self._entries = merged
+            self._log_kept(set(kept))
+            self._done = key
 
-    async def close(self) -> None:
-        """The resource stops: no more writes, and its spec goes. Waits for a
-        write in progress, so none lands after the removal."""
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            async with self._lock:
-                self.remove()
+    async def recheck(self, resource: ResourceConfig, snapshot: Snapshot | None) -> None:
+        """Ask the kubelet what pods hold now, then write what that allows."""
+        if self._held_ids is not None:
+            held = await self._held_ids()
+            self._held = None if held is None else held.get(self._resource_name, set())
+            self._asked += 1
+        await self.ensure(resource, snapshot)
 
-    def remove(self) -> None:
-        if self._path is not None:
-            try:
-                self._path.unlink()
-                log.info("removed the CDI spec %s", self._path)
-            except FileNotFoundError:
-                pass
-            except OSError as err:  # a read-only or vanished directory: never a crash
-                log.warning("could not remove the CDI spec %s: %s", self._path, err.strerror)
-            self._path = None
-        self._written = None
+    def _may_be_held(self, resource: ResourceConfig, name: str) -> bool:
+        if self._held is None:
+            return True
+        if resource.allocation == "each":
+            return name in {device_name(i) for i in self._held}
+        return bool(self._held)
+
+    def _log_kept(self, kept: set[str]) -> None:
+        newly, gone = sorted(kept - self._kept), sorted(self._kept - kept)
+        if newly:
+            why = "the kubelet cannot say" if self._held is None else "pods hold them"
+            log.info(
+                "%s: the CDI spec %s keeps %s, which a pod may still be started with (%s)",
+                self._resource_name,
+                self.path,
+                ", ".join(newly),
+                why,
+            )
+        if gone:
+            log.info(
+                "%s: the CDI spec %s drops %s: no pod holds them any more",
+                self._resource_name,
+                self.path,
+                ", ".join(gone),
+            )
+        self._kept = kept
+
+    def _remove(self) -> None:
+        try:
+            self.path.unlink()
+            log.info("removed the CDI spec %s", self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # a read-only or vanished directory: never a crash
+            log.warning("could not remove the CDI spec %s: %s", self.path, err.strerror)
+
+
+def _entries(
+    resource: ResourceConfig, devices: tuple[Device, ...]
+) -> dict[str, list[dict[str, object]]]:
+    """CDI device name -> its device nodes, for the healthy devices."""
+    entries: dict[str, list[dict[str, object]]] = {}
+    for device in devices:
+        if device.healthy:  # not the device the kubelet handed out under that ID
+            entries.setdefault(device_name(device.id), []).append(_node(resource, device))
+    return entries
+
+
+def _spec(kind: str, entries: dict[str, list[dict[str, object]]]) -> dict[str, object]:
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind_for(kind),
+        "devices": [
+            {"name": name, "containerEdits": {"deviceNodes": nodes}}
+            for name, nodes in entries.items()
+        ],
+    }
+
+
+def _read_entries(path: Path) -> tuple[dict[str, list[dict[str, object]]], bool]:
+    """What a spec file written before (by an earlier daemon) names, and
+    whether it must be written anew (it is not one we can read back)."""
+    try:
+        spec = json.loads(path.read_bytes())
+        entries = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+        return entries, False
+    except FileNotFoundError:
+        return {}, False
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("the CDI spec %s cannot be read back (%s): written anew", path, err)
+        return {}, True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from functools import partial
@@ -19,7 +20,7 @@ from powerdev.config import (
     load_config,
     socket_path_problem,
 )
-from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR
+from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from powerdev.status import DEFAULT_STATUS_FILE
 from powerdev.webhook import cli as webhook_cli
 
@@ -42,6 +43,24 @@ def one_of(values: tuple[str, ...]):
         return text.lower()
 
     convert.__name__ = "value"
+    return convert
+
+
+def seconds_between(low: float, high: float):
+    """An argparse type: a number of seconds from low to high."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds from {low:g} to {high:g}"
+            )
+        return value
+
+    convert.__name__ = "seconds"
     return convert
 
 
@@ -148,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path(_env("CDI_SPEC_DIR", "/var/run/cdi")),
         help='where resources with "cdi": true write their CDI spec [env '
         "POWERDEV_CDI_SPEC_DIR; default /var/run/cdi]",
+    )
+    run.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(_env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET)),
+        help="the kubelet's PodResources API, asked which devices pods still hold before a "
+        "CDI spec forgets one [env POWERDEV_POD_RESOURCES_SOCKET; default "
+        f"{DEFAULT_POD_RESOURCES_SOCKET}]",
+    )
+    run.add_argument(
+        "--cdi-recheck-interval",
+        type=seconds_between(0.01, 3600),
+        default=_env("CDI_RECHECK_INTERVAL", "30"),
+        help="while a CDI spec keeps devices only because pods may hold them, ask the kubelet "
+        "again this often [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
     )
 
     run.add_argument(
@@ -275,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                 config_path=args.config,
                 host_mountinfo=args.host_mountinfo,
                 cdi_spec_dir=args.cdi_spec_dir,
+                pod_resources_socket=args.pod_resources_socket,
+                cdi_recheck_interval=args.cdi_recheck_interval,
                 udev_data=args.udev_data if args.udev_data.is_dir() else None,
                 resource_name=args.resource_name,
                 socket_name=args.socket_name,

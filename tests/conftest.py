@@ -115,12 +115,16 @@ async def daemon_and_kubelet(
     sys_root: Path | None = None,
     events: app.EventSource | None = None,
     uevents: str = "off",
+    kubelet_pods: dict[str, dict[str, list[str]]] | None = None,
     **settings: object,
 ) -> AsyncIterator[Harness]:
     """A fake kubelet and the daemon, in-process, over real unix sockets.
     Device events come from `events` (a fake source) or, with uevents="auto"
     or "kernel", from the real netlink monitor; by default there are none."""
     plugin_dir = tmp_path / "device-plugins"
+    kubelet = FakeKubelet(plugin_dir)
+    kubelet.pods = kubelet_pods or {}  # what its PodResources API lists from the start
+    settings.setdefault("pod_resources_socket", kubelet.pod_resources_socket)
     settings = app.Settings(
         plugin_dir=plugin_dir,
         dev_root=dev_root,
@@ -129,7 +133,6 @@ async def daemon_and_kubelet(
         **settings,  # type: ignore[arg-type]
     )
     async with asyncio_door(), trio.open_nursery() as nursery:
-        kubelet = FakeKubelet(plugin_dir)
         await nursery.start(kubelet.run)
         plugins = await nursery.start(partial(app.run, settings, config, events=events))
         harness = Harness(kubelet, plugins, settings, nursery)
@@ -151,6 +154,14 @@ async def wait_for_file(path: Path, predicate) -> str:
                 text = None
             if text is not None and predicate(text):
                 return text
+            await watcher.events()
+
+
+async def wait_gone(path: Path) -> None:
+    """Until path does not exist; woken by inotify, never by a timer."""
+    with Watcher() as watcher:
+        watcher.add(path.parent, iflags.DELETE | iflags.MOVED_FROM)
+        while path.exists():  # noqa: ASYNC240 (one stat)
             await watcher.events()
 
 

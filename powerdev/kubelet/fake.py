@@ -30,7 +30,7 @@ import trio.lowlevel
 from powerdev.config import resource_name_problem
 from powerdev.kubelet.paths import API_VERSION, KUBELET_SOCKET
 from powerdev.rpc import PluginClient, RegisterRefused, asyncio_door, serve_registration
-from powerdev.rpc.kubelet_side import ContainerGrant
+from powerdev.rpc.kubelet_side import ContainerGrant, Holders, serve_pod_resources
 
 log = logging.getLogger(__name__)
 DIAL_TIMEOUT = 10.0
@@ -87,6 +87,11 @@ class FakeKubelet:
     ) -> None:
         self.plugin_dir = plugin_dir
         self.resources: dict[str, ResourceState] = {}
+        # PodResources: the pods the kubelet still counts, and what each holds
+        # (tests set it); served beside the plugin dir, as under /var/lib/kubelet.
+        self.pods: Holders = {}
+        self.pod_resources_socket = plugin_dir.parent / "pod-resources" / "kubelet.sock"
+        self.pod_resources_asked = 0
         self.registrations = 0
         self.refusals: list[str] = []
         self.refuse_next = 0  # refuse this many Register calls, as a kubelet in trouble would
@@ -129,6 +134,11 @@ class FakeKubelet:
                         await life.start(
                             serve_registration, self.plugin_dir / KUBELET_SOCKET, self._register
                         )
+                        self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+                        self.pod_resources_socket.unlink(missing_ok=True)
+                        await life.start(
+                            serve_pod_resources, self.pod_resources_socket, self._pod_listing
+                        )
                         self.generation += 1
                         if first:
                             task_status.started()
@@ -139,6 +149,12 @@ class FakeKubelet:
                         life.cancel_scope.cancel()
                 finally:
                     self._drop_all_clients()
+
+    def _pod_listing(self) -> Holders:
+        self.pod_resources_asked += 1
+        self._changed.set()  # for wait_until; not an event a log would show
+        self._changed = trio.Event()
+        return {pod: {r: list(ids) for r, ids in held.items()} for pod, held in self.pods.items()}
 
     async def restart(self) -> None:
         """Stop, as a kubelet restart does (its plugin connections end), delete

@@ -1,5 +1,6 @@
-"""The kubelet's half of the API, for the fake kubelet: serve Registration,
-and dial a plugin to call it. Plain data crosses out of this module."""
+"""The kubelet's half of the API, for the fake kubelet: serve Registration
+and PodResources, and dial a plugin to call it. Plain data crosses out of
+this module."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from grpclib.const import Cardinality, Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from powerdev._proto.v1 import (
+    ContainerDevices,
+    ContainerResources,
+    ListPodResourcesRequest,
+    ListPodResourcesResponse,
+    PodResources,
+    PodResourcesListerBase,
+)
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
     ContainerAllocateRequest,
@@ -98,6 +107,48 @@ async def serve_registration(
 ) -> None:
     """Serve the Registration service on `path` until cancelled."""
     await serve(path, [_RegistrationService(on_register)], task_status=task_status)
+
+
+# pod name -> resource name -> device IDs its one container holds
+Holders = dict[str, dict[str, list[str]]]
+
+
+class _PodResourcesService(PodResourcesListerBase):
+    def __init__(self, listing: Callable[[], Holders]) -> None:
+        self._listing = listing
+
+    async def list(
+        self, list_pod_resources_request: ListPodResourcesRequest
+    ) -> ListPodResourcesResponse:
+        return ListPodResourcesResponse(
+            pod_resources=[
+                PodResources(
+                    name=pod,
+                    namespace="default",
+                    containers=[
+                        ContainerResources(
+                            name="c0",
+                            devices=[
+                                ContainerDevices(resource_name=r, device_ids=list(ids))
+                                for r, ids in held.items()
+                            ],
+                        )
+                    ],
+                )
+                for pod, held in self._listing().items()
+            ]
+        )
+
+
+async def serve_pod_resources(
+    path: Path,
+    listing: Callable[[], Holders],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve PodResources List on `path` until cancelled: `listing()` is asked
+    (from the asyncio side, so it must not block) at each call."""
+    await serve(path, [_PodResourcesService(listing)], task_status=task_status)
 
 
 class PluginClient:

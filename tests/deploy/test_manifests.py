@@ -14,6 +14,7 @@ import yaml
 
 from powerdev import opsserver
 from powerdev.cli import build_parser
+from powerdev.kubelet.paths import DEFAULT_POD_RESOURCES_SOCKET
 from powerdev.opsserver import OpsApp
 from powerdev.status import StatusFile
 
@@ -149,6 +150,7 @@ def test_daemonset_mounts_only_what_it_needs():
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "host-dev": "/dev",
         "host-mountinfo": "/proc/1/mountinfo",  # one file, not the host's /proc
+        "pod-resources": "/var/lib/kubelet/pod-resources",
     }
     assert host["host-mountinfo"]["type"] == "File"
     assert not mounts["device-plugins"].get("readOnly", False)  # it makes its socket there
@@ -158,6 +160,8 @@ def test_daemonset_mounts_only_what_it_needs():
     assert env["POWERDEV_SYS_ROOT"] == "/sys"  # the container's own read-only sysfs
     assert env["POWERDEV_HOST_MOUNTINFO"] == mounts["host-mountinfo"]["mountPath"]
     assert env["POWERDEV_UEVENTS"] == "kernel"
+    # the daemon's default PodResources socket, in the mount
+    assert mounts["pod-resources"]["mountPath"] == str(Path(DEFAULT_POD_RESOURCES_SOCKET).parent)
 
 
 def test_host_mounts_are_read_only_all_the_way_down():

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+from functools import partial
 
 import pytest
 import trio
@@ -13,7 +14,15 @@ import trio
 from powerdev.kubelet.cdicheck import inject, validate
 from powerdev.kubelet.kit import CDICHECK
 from powerdev.testing import make_nodes
-from tests.conftest import IS_ROOT, config_for, daemon_and_kubelet, make_dev_tree, require_tool
+from tests.conftest import (
+    IS_ROOT,
+    config_for,
+    daemon_and_kubelet,
+    make_dev_tree,
+    require_tool,
+    wait_for_file,
+    wait_gone,
+)
 
 LIMIT = 30
 CONFIG = (
@@ -21,6 +30,7 @@ CONFIG = (
     '"permissions": "rw", "device-uid": 0, "device-gid": 6, "device-mode": "0660"}'
 )
 SPEC = "power-dev-plugin-dev.json"
+QUICK = {"cdi_recheck_interval": 0.01}  # ask the kubelet again at once while a spec keeps devices
 
 
 @pytest.fixture
@@ -41,7 +51,7 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cd
     specs.mkdir()
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
-            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs
+            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, **QUICK
         ) as h:
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert grant.devices == ()  # CDI names instead of DeviceSpecs
@@ -69,9 +79,12 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cd
             os.unlink(dev / "dm-1")
             grant = await h.kubelet.allocate(h.name, ["dm-0"])
             assert "power-dev-plugin/dev=dm-1" not in grant.cdi_devices
+            # Kept until the kubelet says no pod holds it, then dropped.
+            await wait_for_file(specs / SPEC, lambda text: '"dm-1"' not in text)
             gone = inject(cdicheck, [specs], ["power-dev-plugin/dev=dm-1"])
             assert not gone["ok"] and gone["unresolved"] == ["power-dev-plugin/dev=dm-1"]
-        assert not (specs / SPEC).exists()  # the resource stopped: its spec went with it
+        # The daemon stopped: the spec stays, for containers that restart meanwhile.
+        assert inject(cdicheck, [specs], ["power-dev-plugin/dev=dm-0"])["ok"]
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod, and running as other users")
@@ -112,7 +125,9 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, c
     assert denied.returncode != 0 and "Permission denied" in denied.stderr
 
 
-async def test_turning_cdi_off_by_reload_removes_the_spec_and_answers_devicespecs(tmp_path):
+async def test_turning_cdi_off_answers_devicespecs_and_the_spec_goes_with_its_last_holder(
+    tmp_path, cdicheck
+):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
     specs = tmp_path / "cdi"
     specs.mkdir()
@@ -121,13 +136,91 @@ async def test_turning_cdi_off_by_reload_removes_the_spec_and_answers_devicespec
     config_file.write_text(CONFIG)
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
-            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, config_path=config_file
+            tmp_path,
+            config_for(CONFIG),
+            dev_root=dev,
+            cdi_spec_dir=specs,
+            config_path=config_file,
+            **QUICK,
         ) as h:
-            await h.kubelet.allocate(h.name, ["dm-0"])
-            assert (specs / SPEC).exists()
+            grant = await h.kubelet.allocate(h.name, ["dm-0"])
+            h.kubelet.pods = {"p1": {h.name: ["dm-0"]}}  # the kubelet admitted a pod with it
             before = h.state().updates
             config_file.write_text(json.dumps({"include-devices": ["/dev/dm-*"]}))
             await h.kubelet.wait_until(lambda k: h.state().updates > before)  # applied
-            grant = await h.kubelet.allocate(h.name, ["dm-0"])
-            assert grant.cdi_devices == () and [d.host_path for d in grant.devices] == ["/dev/dm-0"]
-            assert not (specs / SPEC).exists()
+            off = await h.kubelet.allocate(h.name, ["dm-0"])
+            assert off.cdi_devices == () and [d.host_path for d in off.devices] == ["/dev/dm-0"]
+            asked = h.kubelet.pod_resources_asked
+            await h.kubelet.wait_until(lambda k: k.pod_resources_asked >= asked + 2)
+            # p1's container may restart with the names it was given: they resolve
+            assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
+            h.kubelet.pods = {}  # p1 ended
+            await wait_gone(specs / SPEC)
+
+
+EACH = '{"include-devices": ["/dev/dm-*"], "cdi": true, "allocation": "each"}'
+
+
+async def test_a_device_a_pod_holds_stays_resolvable_across_daemon_restarts(tmp_path, cdicheck):
+    """ "each": the spec keeps exactly the held devices, read back by the next
+    daemon, and goes when no pod holds anything."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "dm-2"])
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    run = partial(daemon_and_kubelet, tmp_path, config_for(EACH), dev_root=dev, cdi_spec_dir=specs)
+    with trio.fail_after(LIMIT):
+        async with run(**QUICK) as h:
+            ids = sorted(h.state().devices)
+            grant = await h.kubelet.allocate(h.name, ids[1:2])
+            (held,) = grant.cdi_devices
+        for name in ("dm-0", "dm-1"):  # gone while no daemon ran
+            os.unlink(dev / name)
+        async with run(kubelet_pods={"p1": {h.name: ids[1:2]}}, **QUICK) as h:
+            assert sorted(h.state().devices) == ids[2:]
+            await wait_for_file(specs / SPEC, lambda text: f'"{ids[0]}"' not in text)
+            assert inject(cdicheck, [specs], [held])["ok"]  # p1's container can restart
+            h.kubelet.pods = {}  # p1 ended: only dm-2 is left to name
+            await wait_for_file(specs / SPEC, lambda text: f'"{ids[1]}"' not in text)
+            assert not inject(cdicheck, [specs], [held])["ok"]
+            checked = validate(cdicheck, specs)
+            assert checked["devices"] == [f"power-dev-plugin/dev={ids[2]}"]
+
+
+async def test_without_the_kubelets_answer_nothing_named_is_forgotten(tmp_path, cdicheck):
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    # A PodResources socket that takes each connection and drops it: the
+    # kubelet cannot say what pods hold.
+    broken = trio.socket.socket(trio.socket.AF_UNIX)
+    await broken.bind(str(tmp_path / "broken.sock"))
+    broken.listen()
+    asked = 0
+    twice = trio.Event()
+
+    async def drop_every_call():
+        nonlocal asked
+        while True:
+            conn, _ = await broken.accept()
+            conn.close()
+            asked += 1
+            if asked == 2:
+                twice.set()
+
+    with trio.fail_after(LIMIT), broken:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drop_every_call)
+            async with daemon_and_kubelet(
+                tmp_path,
+                config_for(CONFIG),
+                dev_root=dev,
+                cdi_spec_dir=specs,
+                pod_resources_socket=tmp_path / "broken.sock",
+                **QUICK,
+            ) as h:
+                grant = await h.kubelet.allocate(h.name, ["dm-0"])
+                os.unlink(dev / "dm-1")
+                await h.kubelet.wait_until(lambda k: "dm-1" not in h.state().devices)
+                await twice.wait()  # asked, refused, and the spec written after that
+                assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
+            nursery.cancel_scope.cancel()

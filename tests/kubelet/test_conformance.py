@@ -17,10 +17,15 @@ from pathlib import Path
 import pytest
 import trio
 
+from powerdev.kubelet.cdicheck import inject
 from powerdev.kubelet.fake import FakeKubelet
+from powerdev.kubelet.kit import CDICHECK
 from powerdev.rpc import PluginClient, asyncio_door
 from powerdev.testing import is_root, loop_control, make_nodes
-from tests.kubelet.conftest import node, write_config
+from tests.conftest import require_tool, wait_for_file
+from tests.kubelet.conftest import daemon, node, write_config
+
+SPEC = "power-dev-plugin-dev.json"
 
 LIMIT = 60
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root: mknod, mount, loop devices")
@@ -355,3 +360,37 @@ async def test_the_kubelet_passes_cdi_names_through_to_the_container(tmp_path, d
             assert restarted["capacity_back"]
             after = await n.dm.call("runopts", "p1")  # from the checkpoint
             assert after["runopts"]["cdi_devices"] == options["cdi_devices"]
+
+
+async def test_a_cdi_name_a_pod_holds_resolves_across_daemon_restarts_until_the_pod_ends(
+    tmp_path, dmharness
+):
+    cdicheck = require_tool(CDICHECK)
+    dev, config = pool(tmp_path, 2, cdi=True)
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    options = (
+        "--cdi-spec-dir",
+        str(specs),
+        "--pod-resources-socket",  # the harness serves the kubelet's PodResources here
+        str(tmp_path / "pod-resources" / "kubelet.sock"),
+        "--cdi-recheck-interval",
+        "0.05",
+    )
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev, *options) as n:
+            await n.wait(2, 2)
+            names = (await n.dm.call("admit", "p1", 1))["runopts"]["cdi_devices"]
+            assert names == ["power-dev-plugin/dev=pool.d0", "power-dev-plugin/dev=pool.d1"]
+            os.unlink(dev / "pool" / "d1")
+            await n.wait(1, 1)
+            assert await n.terminate() == 0  # an upgrade: the next daemon starts...
+            async with daemon(n, config, dev, *options):
+                await n.wait(1, 1)
+                # ... and p1's container, restarted, gets the checkpointed names
+                again = (await n.dm.call("runopts", "p1"))["runopts"]["cdi_devices"]
+                assert again == names and inject(cdicheck, [specs], again)["ok"]
+                await n.dm.call("delpod", "p1")  # p1 ended: the kubelet lists it no more
+                await wait_for_file(specs / SPEC, lambda text: '"pool.d1"' not in text)
+                assert not inject(cdicheck, [specs], names)["ok"]
+                assert inject(cdicheck, [specs], names[:1])["ok"]

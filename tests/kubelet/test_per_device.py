@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 
 import trio
-from inotify_simple import flags
 
-from powerdev.watching import Watcher
+from tests.conftest import wait_gone
 from tests.kubelet.conftest import node, write_config
 
 LIMIT = 60
@@ -39,14 +38,6 @@ def host_like(tmp_path: Path, numa: dict[str, int]) -> tuple[Path, Path]:
         link = sys / "dev" / "char" / f"{major}:{minor}"
         link.symlink_to(os.path.relpath(node, link.parent))
     return dev, sys
-
-
-async def wait_gone(path: Path) -> None:
-    """Until path does not exist; woken by inotify, never by a timer."""
-    with Watcher() as watcher:
-        watcher.add(path.parent, flags.DELETE | flags.MOVED_FROM)
-        while path.exists():  # noqa: ASYNC240 (one stat)
-            await watcher.events()
 
 
 def two_resources(tmp_path: Path) -> Path:

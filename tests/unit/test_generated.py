@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from powerdev._proto import api_pb2, v1beta1
+from powerdev._proto import api_pb2, podresources_pb2, v1beta1
 from powerdev.kubelet.kit import BUILD_COMMAND
 from tests.conftest import require
 
@@ -44,29 +44,45 @@ def test_ci_runs_the_readme_test_command():
 def _upstream_fields(text: str) -> dict[str, dict[str, int]]:
     """message -> field name -> number, from the kubelet's api.proto."""
     messages: dict[str, dict[str, int]] = {}
-    for name, body in re.findall(r"^message (\w+) \{(.*?)^\}", text, re.S | re.M):
+    # `message X {}` on one line, or a body that ends with a `}` line
+    for name, body in re.findall(r"^message (\w+) \{(?:\}|(.*?)^\})", text, re.S | re.M):
         fields = re.findall(r"^\s*(?:repeated )?(?:map<[^>]+>|\w+) (\w+) = (\d+)", body, re.M)
         messages[name] = {field: int(number) for field, number in fields}
     return messages
 
 
-def test_every_message_and_field_has_the_kubelets_name_and_number():
-    """Against k8s.io/kubelet's own api.proto, at the conformance kit's release
-    (from Go's module cache, filled by `bash conformance/build`)."""
+def _kubelet_proto(api: str) -> str:
+    """A .proto of k8s.io/kubelet at the conformance kit's release, from Go's
+    module cache (filled by `bash conformance/build`)."""
     replaced = re.search(
         r"k8s.io/kubelet => k8s.io/kubelet (v\S+)", (ROOT / "conformance" / "go.mod").read_text()
     )
     assert replaced is not None
     go = shutil.which("go")
     cache = go and subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True)
-    api = f"k8s.io/kubelet@{replaced[1]}/pkg/apis/deviceplugin/v1beta1/api.proto"
-    found = Path(cache.stdout.strip(), api) if cache else None
+    where = f"k8s.io/kubelet@{replaced[1]}/pkg/apis/{api}"
+    found = Path(cache.stdout.strip(), where) if cache else None
     upstream = require(
         found if found and found.is_file() else None,
-        f"{api} is not in Go's module cache: run `{BUILD_COMMAND}` (needs Go)",
+        f"{where} is not in Go's module cache: run `{BUILD_COMMAND}` (needs Go)",
     )
-    ours = {
+    return upstream.read_text()
+
+
+def _ours(module) -> dict[str, dict[str, int]]:
+    return {
         message.name: {field.name: field.number for field in message.fields}
-        for message in api_pb2.DESCRIPTOR.message_types_by_name.values()
+        for message in module.DESCRIPTOR.message_types_by_name.values()
     }
-    assert ours == _upstream_fields(upstream.read_text())
+
+
+def test_every_message_and_field_has_the_kubelets_name_and_number():
+    """The device plugin API, whole, against the kubelet's own api.proto."""
+    assert _ours(api_pb2) == _upstream_fields(_kubelet_proto("deviceplugin/v1beta1/api.proto"))
+
+
+def test_the_podresources_fields_we_read_have_the_kubelets_names_and_numbers():
+    """PodResources: a subset (what powerdev reads), each as upstream has it."""
+    upstream = _upstream_fields(_kubelet_proto("podresources/v1/api.proto"))
+    for message, fields in _ours(podresources_pb2).items():
+        assert fields.items() <= upstream[message].items(), message
