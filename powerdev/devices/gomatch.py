@@ -290,28 +290,33 @@ _NOT_SLASH = (True, (("/", "/"),))  # a charset: (negated, ranges)
 
 def overlap(a: str, b: str) -> bool:
     """Is there a name that both patterns match? (Used to refuse configs
-    in which one device could belong to two resources.)"""
+    in which one device could belong to two resources.) Any split of a name
+    counts, not only Go's first fit, so the answer errs towards a clash;
+    names are read as characters, so one that only matches by a star
+    stopping inside a character is not seen.
+
+    A table of "do a[i:] and b[j:] share a name?", filled from the ends
+    back to (0, 0), one row at a time: len(a) * len(b) cells, no recursion
+    (a recursive walk ran out of stack on patterns of a few hundred terms)."""
     ta, tb = _tokens(a), _tokens(b)
-
-    @functools.cache
-    def common(i: int, j: int) -> bool:
-        if i == len(ta) and j == len(tb):
-            return True
-        if i < len(ta) and ta[i] is _STAR:
-            if common(i + 1, j):
-                return True
-            if j < len(tb) and tb[j] is not _STAR and _meet(tb[j], _NOT_SLASH):
-                return common(i, j + 1)
-            return j < len(tb) and tb[j] is _STAR and common(i, j + 1)
-        if j < len(tb) and tb[j] is _STAR:
-            if common(i, j + 1):
-                return True
-            return i < len(ta) and _meet(ta[i], _NOT_SLASH) and common(i + 1, j)
-        if i == len(ta) or j == len(tb):
-            return False
-        return _meet(ta[i], tb[j]) and common(i + 1, j + 1)
-
-    return common(0, 0)
+    below: list[bool] = []  # the row for a[i + 1:]
+    for i in range(len(ta), -1, -1):
+        x = ta[i] if i < len(ta) else None
+        row = [False] * (len(tb) + 1)
+        for j in range(len(tb), -1, -1):
+            y = tb[j] if j < len(tb) else None
+            if x is None and y is None:
+                row[j] = True
+            elif x is _STAR:  # a's star takes nothing more, or what b's next term takes
+                row[j] = below[j] or (
+                    y is not None and (y is _STAR or _meet(y, _NOT_SLASH)) and row[j + 1]
+                )
+            elif y is _STAR:
+                row[j] = row[j + 1] or (x is not None and _meet(x, _NOT_SLASH) and below[j])
+            elif x is not None and y is not None:
+                row[j] = _meet(x, y) and below[j + 1]
+        below = row
+    return below[0]
 
 
 def _tokens(pattern: str) -> tuple[object, ...]:

@@ -279,3 +279,21 @@ def test_a_match_is_a_split_that_fits_and_costs_its_bound(case):
     assert steps[0] <= step_bound(pattern, name)
     if hit and name.isascii():
         assert fits_some_split(pieces, SLASHY_PIECES, name)
+
+
+def test_overlap_of_long_patterns_needs_no_deep_recursion():
+    long_literal = "/dev/" + "x" * 1200
+    many_stars = "/dev/" + "*x" * 600
+    assert gomatch.overlap(long_literal, many_stars) is True
+    assert gomatch.overlap(many_stars, long_literal + "/") is False
+
+
+@settings(max_examples=300)
+@given(patterns_and_names(SLASHY_PIECES), st.lists(st.sampled_from(sorted(SLASHY_PIECES))))
+def test_overlap_sees_every_name_both_patterns_match(case, other):
+    pieces, name = case
+    a, b = "".join(pieces), "".join(other)
+    if gomatch.match(a, name) and gomatch.match(b, name):
+        assert gomatch.overlap(a, b) and gomatch.overlap(b, a)
+    if gomatch.match(a, name) and name and not gomatch.has_magic(name):
+        assert gomatch.overlap(a, name)
