@@ -166,12 +166,26 @@ def resource_name_problem(name: str) -> str | None:
     return None
 
 
+# Longer than any Linux path (PATH_MAX): bounds what a match and the config's
+# overlap check may cost (len(pattern) x len(name), and pattern x pattern).
+MAX_GLOB = 4096
+
+
+def _glob_size_problem(glob: str) -> str | None:
+    if len(glob.encode()) > MAX_GLOB:
+        return f"it is longer than {MAX_GLOB} bytes, more than any path on Linux"
+    return None
+
+
 def pattern_problem(pattern: str, *, include: bool = True) -> str | None:
     """Why a glob pattern is unusable, or None. Patterns are Go globs (see
     devices/gomatch.py); an include pattern must point below /dev, since
     only device nodes are ever advertised."""
     if "\0" in pattern:
         return "it holds a NUL character, which no path has"
+    too_long = _glob_size_problem(pattern)
+    if too_long:
+        return too_long
     if not pattern.startswith("/"):
         return "patterns are absolute host paths, like /dev/dm-*"
     problem = gomatch.problem(pattern)
@@ -480,7 +494,11 @@ def _match_properties(
                 'write a glob string, or a list of them, such as "mpath-*"',
             )
         for glob in globs:
-            problem = "it holds a NUL character" if "\0" in glob else gomatch.problem(glob)
+            problem = (
+                "it holds a NUL character"
+                if "\0" in glob
+                else _glob_size_problem(glob) or gomatch.problem(glob)
+            )
             if problem:
                 raise ConfigError(
                     source, f"{field_name}.{key}", f"{glob!r}: {problem}", "fix the glob"

@@ -194,6 +194,16 @@ def test_a_device_can_belong_to_one_resource_only(a, b, clash):
             "NUL",
         ),
         ({"name": "1vendor.io/lun", "cdi": True}, "name", "starts with a letter"),
+        (
+            {"name": "a.io/x", "include-devices": ["/dev/" + "*a" * 2046]},
+            "include-devices[0]",
+            "longer than 4096 bytes",
+        ),
+        (
+            {"name": "a.io/x", "match-properties": {"ID_MODEL": "*x" * 2049}},
+            "match-properties.ID_MODEL",
+            "longer than 4096 bytes",
+        ),
         ({"name": "example.com/lun.gold", "cdi": True}, "name", "class of letters"),
     ],
 )
