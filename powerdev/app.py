@@ -31,6 +31,7 @@ from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker
+from powerdev.devices.udevdb import UdevDatabase
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from powerdev.plugin import Plugin
@@ -60,7 +61,9 @@ class Settings:
     # and so never forget a device a CDI spec once named).
     pod_resources_socket: Path | None = Path(DEFAULT_POD_RESOURCES_SOCKET)
     cdi_recheck_interval: float = 30.0  # seconds between asks while a spec keeps held devices
-    udev_data: Path | None = None  # udev's database (/run/udev/data), for properties and identities
+    udev: UdevDatabase | None = (
+        None  # udev's database (/run/udev/data), for properties and identities
+    )
     # The flat config form's resource and socket names (the command line's).
     resource_name: str = DEFAULT_RESOURCE_NAME
     socket_name: str = DEFAULT_SOCKET_NAME
@@ -197,7 +200,7 @@ class Running:
             settings.dev_root,
             settings.sys_root,
             guard=HostUseGuard(settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS),
-            udev_data=settings.udev_data,
+            udev=settings.udev,
         )
         plugin = Plugin(resource, inventory, tracker)
         plugin.refresh = self.refresh

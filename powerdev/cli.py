@@ -128,14 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     def host_views(p: argparse.ArgumentParser) -> None:
-        """Where the host's udev database and mount table are seen: run and scan."""
-        p.add_argument(
-            "--udev-data",
-            type=Path,
-            default=Path(_env("UDEV_DATA", "/run/udev/data")),
-            help="udev's database, for match-properties and device identities; read only "
-            "when it exists [env POWERDEV_UDEV_DATA; default /run/udev/data]",
-        )
+        """Where the host's mount table is seen: run and scan. (udev's database
+        is read through libudev, from /run/udev: see devices/udevdb.py.)"""
         p.add_argument(
             "--host-mountinfo",
             type=Path,
@@ -280,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     from powerdev import app, local, opsserver, stepwatch  # after logging is set up
+    from powerdev.devices.udevdb import Pyudev
 
     if args.command == "bench":
         from powerdev import bench as bench_module
@@ -311,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 cdi_spec_dir=args.cdi_spec_dir,
                 pod_resources_socket=args.pod_resources_socket,
                 cdi_recheck_interval=args.cdi_recheck_interval,
-                udev_data=args.udev_data if args.udev_data.is_dir() else None,
+                udev=Pyudev(),
                 resource_name=args.resource_name,
                 socket_name=args.socket_name,
                 metrics_socket=port,
@@ -357,6 +352,7 @@ def _scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: exit 0 with the report for a valid config, 2 for a bad one."""
     from powerdev import scan
     from powerdev.devices.inuse import HostUseGuard
+    from powerdev.devices.udevdb import Pyudev
 
     try:
         config = load_config(
@@ -366,8 +362,7 @@ def _scan(args: argparse.Namespace) -> int:
         print(f"powerdev: bad config: {err}", file=sys.stderr)
         return 2
     guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
-    udev_data = args.udev_data if args.udev_data.is_dir() else None
-    reports = scan.scan(config, args.dev_root, args.sys_root, udev_data, guard)
+    reports = scan.scan(config, args.dev_root, args.sys_root, Pyudev(), guard)
     print(scan.as_json(reports) if args.json else scan.as_text(reports))
     return 0
 

@@ -170,9 +170,7 @@ async def _register_until_done(
     while True:
         try:
             service.registering = True
-            await register(
-                watch.kubelet_socket, resource.socket, resource.name, service.options()
-            )
+            await register(watch.kubelet_socket, resource.socket, resource.name, service.options())
         except KubeletUnreachable as err:
             metrics.register_failed(resource.name, "unreachable")
             if str(err) != last_error:

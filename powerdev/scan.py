@@ -24,6 +24,7 @@ from powerdev.devices.discovery import (
 )
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.model import Device
+from powerdev.devices.udevdb import UdevDatabase
 
 
 @dataclass
@@ -38,7 +39,7 @@ def scan(
     config: Config,
     dev_root: Path,
     sys_root: Path,
-    udev_data: Path | None,
+    udev: UdevDatabase | None,
     guard: HostUseGuard | None,
 ) -> list[Report]:
     reports = []
@@ -46,7 +47,7 @@ def scan(
     for resource in config.resources:
         report = Report(resource.name, resource.allocation)
         for path in sorted(dict.fromkeys(candidates(resource, dev_root, sys_root))):
-            device, why = _judge(resource, path, dev_root, sys_root, udev_data, guard)
+            device, why = _judge(resource, path, dev_root, sys_root, udev, guard)
             if device is not None and path in claimed:
                 device, why = None, f"held by another resource, {claimed[path]}"
             if device is None:
@@ -63,7 +64,7 @@ def _judge(
     path: str,
     dev_root: Path,
     sys_root: Path,
-    udev_data: Path | None,
+    udev: UdevDatabase | None,
     guard: HostUseGuard | None,
 ) -> tuple[Device | None, str]:
     for pattern in resource.exclude:
@@ -76,7 +77,7 @@ def _judge(
         return None, "a control node (it creates or removes host devices): name it literally"
     number = (device.major, device.minor)
     if resource.match_properties:
-        props = identity.properties(sys_root, udev_data, device.kind, number)
+        props = identity.properties(sys_root, udev, device.kind, number)
         if not properties_match(resource.match_properties, props):
             wanted = ", ".join(f"{k}={'|'.join(g)}" for k, g in resource.match_properties)
             have = ", ".join(f"{k}={props.get(k, '(none)')}" for k, _ in resource.match_properties)
@@ -85,7 +86,7 @@ def _judge(
         why = guard.reason(device, guard.direct_use())
         if why is not None:
             return None, f"the host uses it: {why}"
-    return describe(resource, device, sys_root, udev_data, with_identity=True), ""
+    return describe(resource, device, sys_root, udev, with_identity=True), ""
 
 
 def as_text(reports: list[Report]) -> str:

@@ -208,3 +208,44 @@ class StubResources:
 
     def changed(self):
         self.calls.append(("changed", None))
+
+
+class DirectoryUdev:
+    """A stand-in for udev's database (devices/udevdb.py) in tests without
+    root: files named like udev's own (b8:0, c1:3) holding E:KEY=VALUE lines,
+    read anew at each query as libudev reads its database."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def properties(self, kind: str, number: tuple[int, int]) -> dict[str, str]:
+        try:
+            text = (self.root / f"{kind}{number[0]}:{number[1]}").read_text()
+        except OSError:
+            return {}
+        found = {}
+        for line in text.splitlines():
+            key, sep, value = line.removeprefix("E:").partition("=")
+            if line.startswith("E:") and sep and key:
+                found[key] = value
+        return found
+
+
+def with_udev_database(command: list[str], udev_run: Path) -> list[str]:
+    """`command` in a private mount namespace (root) whose /run/udev is
+    udev_run (with data/<b|c><major>:<minor> files), as the DaemonSet mounts
+    the host's: libudev, through pyudev, reads that database."""
+    script = (
+        'mount -t tmpfs tmpfs /run && mkdir /run/udev && mount --bind "$0" /run/udev && exec "$@"'
+    )
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        str(udev_run),
+        *command,
+    ]

@@ -19,6 +19,7 @@ from pathlib import Path
 from powerdev.config import ResourceConfig
 from powerdev.devices import gomatch, identity
 from powerdev.devices.model import HOST_DEV, Device, device_id
+from powerdev.devices.udevdb import UdevDatabase
 
 NX_GZIP = "/dev/crypto/nx-gzip"
 # Memory-backed block devices that are never SAN or local disks. Loop devices
@@ -158,7 +159,7 @@ def describe(
     resource: ResourceConfig,
     device: Device,
     sys_root: Path,
-    udev_data: Path | None,
+    udev: UdevDatabase | None,
     *,
     with_identity: bool = False,
 ) -> Device | None:
@@ -168,13 +169,13 @@ def describe(
     same disk keeps its ID across reboots and renumbering."""
     number = (device.major, device.minor)
     if resource.match_properties:
-        props = identity.properties(sys_root, udev_data, device.kind, number)
+        props = identity.properties(sys_root, udev, device.kind, number)
         if not properties_match(resource.match_properties, props):
             return None
     numa = identity.numa_node(sys_root, device.kind, number)
     found = None
     if resource.allocation == "each" or with_identity:  # a few reads a device: only when used
-        found = identity.identity(sys_root, udev_data, device.kind, number)
+        found = identity.identity(sys_root, udev, device.kind, number)
     device_id = device.id
     if found is not None and resource.allocation == "each":
         device_id = identity.identity_id(*found)
@@ -207,7 +208,7 @@ def discover(
     resource: ResourceConfig,
     dev_root: Path,
     sys_root: Path,
-    udev_data: Path | None = None,
+    udev: UdevDatabase | None = None,
     unmatched: list[Device] | None = None,
 ) -> tuple[Device, ...]:
     """Every device the resource advertises now, sorted by host path. Nodes
@@ -219,7 +220,7 @@ def discover(
             continue
         device = probe(dev_root, host_path)
         if device is not None and control_allowed(device, resource.include, sys_root):
-            described = describe(resource, device, sys_root, udev_data)
+            described = describe(resource, device, sys_root, udev)
             if described is not None:
                 devices[host_path] = described
             elif unmatched is not None:

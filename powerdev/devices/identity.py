@@ -3,7 +3,7 @@
 A kernel name (dm-3, sdb, loop7) and a device number change across reboots,
 rescans and re-attachments; a multipath map's DM UUID, a disk's WWN or serial
 number and a loop device's backing file do not. This module reads them from a
-sysfs tree and, when given, udev's database directory (/run/udev/data), and
+sysfs tree and, when given, udev's database (devices/udevdb.py), and
 turns an identity into a device ID for the kubelet. It also reads the
 properties a config may match on and the NUMA node the kernel reports.
 Everything is a plain function of the directories passed in; nothing raises
@@ -16,6 +16,8 @@ import hashlib
 import os
 import re
 from pathlib import Path
+
+from powerdev.devices.udevdb import UdevDatabase
 
 Number = tuple[int, int]  # major, minor
 
@@ -72,19 +74,11 @@ def sysfs_dir(sys_root: Path, kind: str, number: Number) -> Path | None:
     return where if where.is_dir() else None
 
 
-def _udev_properties(udev_data: Path | None, kind: str, number: Number) -> dict[str, str]:
-    """The E: lines of udev's database file for the device (udev_data/b8:0, c1:3)."""
-    if udev_data is None:
+def _udev_properties(udev: UdevDatabase | None, kind: str, number: Number) -> dict[str, str]:
+    """What udev knows of the device (udevdb.py); nothing without udev."""
+    if udev is None:
         return {}
-    letter = _kind_dir(kind)[0]
-    text = _read(udev_data / f"{letter}{number[0]}:{number[1]}")
-    found: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        if line.startswith("E:"):
-            key, sep, value = line[2:].partition("=")
-            if sep and key:
-                found[key] = value
-    return found
+    return udev.properties(_kind_dir(kind)[0], number)
 
 
 def _sysfs_properties(where: Path) -> dict[str, str]:
@@ -100,20 +94,22 @@ def _sysfs_properties(where: Path) -> dict[str, str]:
     return found
 
 
-def properties(sys_root: Path, udev_data: Path | None, kind: str, number: Number) -> dict[str, str]:
+def properties(
+    sys_root: Path, udev: UdevDatabase | None, kind: str, number: Number
+) -> dict[str, str]:
     """Properties as udev records them, for matching.
 
     From sysfs: the device's uevent file (MAJOR, MINOR, DEVNAME, DEVTYPE,
     PARTN...), SUBSYSTEM from its `subsystem` link, and for dm devices DM_NAME
-    and DM_UUID from dm/name and dm/uuid. Then, when udev_data is given, every
-    E:KEY=VALUE line of udev's database file for the device, which wins over
-    sysfs. Absent or unreadable files leave their properties out.
+    and DM_UUID from dm/name and dm/uuid. Then, when udev is given, every
+    property udev's database holds for the device, which wins over sysfs.
+    Absent or unreadable files leave their properties out.
     """
     found: dict[str, str] = {}
     where = sysfs_dir(sys_root, kind, number)
     if where is not None:
         found.update(_sysfs_properties(where))
-    found.update(_udev_properties(udev_data, kind, number))
+    found.update(_udev_properties(udev, kind, number))
     return found
 
 
@@ -147,7 +143,7 @@ def _whole_identity(where: Path, udev: dict[str, str]) -> tuple[str, str] | None
 
 
 def identity(
-    sys_root: Path, udev_data: Path | None, kind: str, number: Number
+    sys_root: Path, udev: UdevDatabase | None, kind: str, number: Number
 ) -> tuple[str, str] | None:
     """What the block device is, as (source, value), or None.
 
@@ -170,11 +166,11 @@ def identity(
         parent_number = _number_of(parent)
         if not partn or parent_number is None:
             return None
-        whole = _whole_identity(parent, _udev_properties(udev_data, kind, parent_number))
+        whole = _whole_identity(parent, _udev_properties(udev, kind, parent_number))
         if whole is None:
             return None
         return whole[0], f"{whole[1]}-part{partn}"
-    return _whole_identity(where, _udev_properties(udev_data, kind, number))
+    return _whole_identity(where, _udev_properties(udev, kind, number))
 
 
 def identity_id(source: str, value: str) -> str:

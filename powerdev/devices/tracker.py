@@ -33,6 +33,7 @@ from powerdev.devices.discovery import (
 from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import HOST_DEV, Device
+from powerdev.devices.udevdb import UdevDatabase
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class Tracker:
         sys_root: Path,
         *,
         guard: HostUseGuard | None = None,
-        udev_data: Path | None = None,
+        udev: UdevDatabase | None = None,
     ) -> None:
         self.resource = resource  # in force: what the published list was found under
         self._wanted = resource  # what the next rescan looks for (a reload may change it)
@@ -80,7 +81,7 @@ class Tracker:
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
         self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
-        self.udev_data = udev_data  # udev's database, for properties and identities
+        self.udev = udev  # udev's database, for properties and identities
         self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
         self._scans = 0  # rescans running now
         self._scan_seq = 0  # rescans begun
@@ -136,7 +137,7 @@ class Tracker:
         """In a worker thread: what the host has for this resource now, and
         the nodes left out for their udev properties."""
         unmatched: list[Device] = []
-        found = discover(resource, self.dev_root, self.sys_root, self.udev_data, unmatched)
+        found = discover(resource, self.dev_root, self.sys_root, self.udev, unmatched)
         if self.guard is not None:
             found = tuple(self.guard.screen(found, listed, allow=resource.allow_host_used))
         return found, unmatched
@@ -182,7 +183,7 @@ class Tracker:
             probed = probe(self.dev_root, path)
             device = None
             if probed is not None and wanted_device(self.resource, probed):
-                device = describe(self.resource, probed, self.sys_root, self.udev_data)
+                device = describe(self.resource, probed, self.sys_root, self.udev)
                 unmatched = self._unmatched.setdefault((probed.major, probed.minor), set())
                 if device is None:
                     unmatched.add(path)  # its properties do not match, yet

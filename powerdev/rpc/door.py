@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 import trio_asyncio
+from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
@@ -49,7 +50,7 @@ async def serve(
     out the server is closed (its calls cancelled) and the socket removed,
     unless someone else has put a new file at that path meanwhile.
     """
-    server = _Server(handlers, codec=PassThroughCodec())
+    server = _Server(handlers, codec=PassThroughCodec(), config=NO_KEEPALIVE)
     # Binding is quick; a cancellation in the middle of it would leave a
     # bound socket that the `finally` below never sees.
     with trio.CancelScope(shield=True):
@@ -83,6 +84,14 @@ async def serve(
                 await trio_asyncio.aio_as_trio(asyncio.sleep)(0)
             if bound is not None:
                 _remove_if_same(path, bound)
+
+
+# grpclib's servers ping every connection after 2 h idle, with a timer per
+# connection. trio-asyncio keeps a cancelled timer until it is due, and the
+# timer holds its whole connection: every kubelet restart (a connection or
+# two) would keep about 10 KiB for two hours. A unix socket to the kubelet
+# needs no keepalive: a peer that goes closes the socket.
+NO_KEEPALIVE = Configuration(_keepalive_time=None)
 
 
 class _Server(Server):

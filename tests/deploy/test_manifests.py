@@ -151,6 +151,7 @@ def test_daemonset_mounts_only_what_it_needs():
         "host-dev": "/dev",
         "host-mountinfo": "/proc/1/mountinfo",  # one file, not the host's /proc
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        "udev": "/run/udev",
     }
     assert host["host-mountinfo"]["type"] == "File"
     assert not mounts["device-plugins"].get("readOnly", False)  # it makes its socket there
@@ -160,6 +161,8 @@ def test_daemonset_mounts_only_what_it_needs():
     assert env["POWERDEV_SYS_ROOT"] == "/sys"  # the container's own read-only sysfs
     assert env["POWERDEV_HOST_MOUNTINFO"] == mounts["host-mountinfo"]["mountPath"]
     assert env["POWERDEV_UEVENTS"] == "kernel"
+    # libudev reads its database at this fixed path: it must be the host's
+    assert mounts["udev"]["mountPath"] == "/run/udev" and mounts["udev"]["readOnly"] is True
     # the daemon's default PodResources socket, in the mount
     assert mounts["pod-resources"]["mountPath"] == str(Path(DEFAULT_POD_RESOURCES_SOCKET).parent)
 

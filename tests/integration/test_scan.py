@@ -5,28 +5,30 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import make_dev_tree
+from tests.conftest import make_dev_tree, needs_root, with_udev_database
 
 
-def scan(tmp_path, config, *flags):
+def scan(tmp_path, config, *flags, udev_run=None):
+    """`powerdev scan`; with udev_run, where udev's database is /run/udev (root)."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
+    command = [
+        sys.executable,
+        "-m",
+        "powerdev",
+        "scan",
+        "--config",
+        str(path),
+        "--dev-root",
+        str(tmp_path / "dev"),
+        "--sys-root",
+        str(tmp_path / "sys"),
+        *flags,
+    ]
+    if udev_run is not None:
+        command = with_udev_database(command, udev_run)
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "powerdev",
-            "scan",
-            "--config",
-            str(path),
-            "--dev-root",
-            str(tmp_path / "dev"),
-            "--sys-root",
-            str(tmp_path / "sys"),
-            "--udev-data",
-            str(tmp_path / "udev"),
-            *flags,
-        ],
+        command,
         capture_output=True,
         text=True,
         timeout=60,
@@ -48,16 +50,17 @@ CONFIG = {
 }
 
 
+@needs_root
 def test_scan_says_what_is_advertised_and_why_the_rest_is_not(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["mapper/mpatha", "mapper/skip", "acc0"])
     (dev / "mapper" / "lvm").symlink_to("/dev/zero")
     (dev / "mapper" / "notes").write_text("not a device")
     (dev / "loop-control").symlink_to("/dev/null")
-    udev = tmp_path / "udev"
-    udev.mkdir()
-    (udev / "c1:3").write_text("E:DM_UUID=mpath-3600a\n")
-    (udev / "c1:5").write_text("E:DM_UUID=LVM-xyz\n")
-    done = scan(tmp_path, CONFIG, "--json")
+    udev = tmp_path / "udev-run"  # as the DaemonSet mounts the host's /run/udev
+    (udev / "data").mkdir(parents=True)
+    (udev / "data" / "c1:3").write_text("E:DM_UUID=mpath-3600a\n")
+    (udev / "data" / "c1:5").write_text("E:DM_UUID=LVM-xyz\n")
+    done = scan(tmp_path, CONFIG, "--json", udev_run=udev)
     assert done.returncode == 0, done.stderr
     lun, acc = json.loads(done.stdout)
     assert [d["path"] for d in lun["advertised"]] == ["/dev/mapper/mpatha"]
@@ -68,7 +71,7 @@ def test_scan_says_what_is_advertised_and_why_the_rest_is_not(tmp_path):
     assert [d["path"] for d in acc["advertised"]] == ["/dev/acc0"]
     (control,) = acc["left_out"]
     assert control["path"] == "/dev/loop-control" and "control node" in control["reason"]
-    text = scan(tmp_path, CONFIG)
+    text = scan(tmp_path, CONFIG, udev_run=udev)
     assert text.returncode == 0
     assert "power-dev-plugin/lun (each): 1 device" in text.stdout
     assert "left out: /dev/mapper/lvm: properties" in text.stdout

@@ -13,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from powerdev.devices.identity import identity, identity_id, numa_node, properties, sysfs_dir
+from powerdev.devices.udevdb import Pyudev
+from tests.conftest import DirectoryUdev
 
 PCI = "pci0000:00/0000:00:1f.2"
 SCSI_DEV = f"{PCI}/host0/target0:0:0/0:0:0:0"
@@ -78,11 +80,11 @@ def scsi_disk(tree: FakeSys, wwid: str | None = "naa.5000c500a1b2c3d4\n") -> Pat
     return disk
 
 
-def udev_db(root: Path, entries: dict[str, list[str]]) -> Path:
+def udev_db(root: Path, entries: dict[str, list[str]]) -> DirectoryUdev:
     root.mkdir(parents=True, exist_ok=True)
     for name, lines in entries.items():
         (root / name).write_text("".join(line + "\n" for line in lines))
-    return root
+    return DirectoryUdev(root)
 
 
 @pytest.fixture
@@ -318,12 +320,10 @@ def test_an_unreadable_or_blank_source_is_skipped(tree, bad):
     assert identity(tree.root, None, "b", (8, 0)) == ("SERIAL", "SER9")
 
 
-def test_an_unreadable_udev_data_dir_is_absent(tree, tmp_path):
+def test_a_device_udev_does_not_know_has_no_udev_identity(tree, tmp_path):
     scsi_disk(tree, wwid=None)
-    not_a_dir = tmp_path / "udev"
-    not_a_dir.write_text("")
-    assert identity(tree.root, not_a_dir, "b", (8, 0)) is None
-    assert identity(tree.root, tmp_path / "missing", "b", (8, 0)) is None
+    assert identity(tree.root, udev_db(tmp_path / "udev", {}), "b", (8, 0)) is None
+    assert Pyudev().properties("b", (4095, 1048575)) == {}  # no such device here
 
 
 # --- properties ---------------------------------------------------------------------
@@ -399,13 +399,7 @@ def test_properties_never_raise(tree, tmp_path):
     (where / "uevent").unlink()
     (where / "uevent").mkdir()  # unreadable
     (where / "subsystem").unlink()
-    data = tmp_path / "udev"
-    data.mkdir()
-    (data / "b7:9").write_bytes(b"E:BAD=\xff\xfe\nE:GOOD=1\n")
-    found = properties(tree.root, data, "b", (7, 9))
-    assert found["GOOD"] == "1"
-    assert found["BAD"].encode("utf-8", "surrogateescape") == b"\xff\xfe"
-    assert set(found) == {"BAD", "GOOD"}
+    assert properties(tree.root, None, "b", (7, 9)) == {}
     assert properties(tree.root, None, "b", (7, 99)) == {}
 
 

@@ -6,7 +6,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.dirwatch import watch_levels
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker, wanted
-from tests.conftest import make_dev_tree
+from tests.conftest import DirectoryUdev, make_dev_tree
 
 
 async def tracker(tmp_path, resource, names=()):
@@ -158,7 +158,7 @@ async def test_a_change_event_rematches_udev_properties(tmp_path):
     resource = ResourceConfig(
         include=("/dev/mapper/*",), match_properties=(("DM_UUID", ("mpath-*",)),)
     )
-    t = Tracker(resource, Inventory(), dev, tmp_path / "sys", udev_data=udev)
+    t = Tracker(resource, Inventory(), dev, tmp_path / "sys", udev=DirectoryUdev(udev))
     await t.rescan()
     assert listed(t) == {}
     (udev / "c1:5").write_text("E:DM_UUID=mpath-3600a\n")
