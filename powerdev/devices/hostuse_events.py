@@ -9,8 +9,10 @@ the wait on the way out): no timer, and an idle daemon uses no CPU. (An
 epoll set of our own, waited on by Trio, was tried first: nested epoll may
 drop a wake-up that arrives while the outer epoll looks at the inner one,
 and a test caught it.) A wake-up becomes a rescan only when the set of block
-devices mounted or swapped on changed, so the mounts of every starting pod
-(overlay, tmpfs, binds of the same disks) cost one small read and no more.
+devices mounted or swapped on, or the set of active swap files, changed, so
+the mounts of every starting pod (overlay, tmpfs, binds of the same disks)
+cost one small read and no more. (A swap file going on or off changes what
+the guard counts: while one is active, every filesystem alive in sysfs.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from powerdev.devices.inuse import Number, mounted, read_text, swapping
+from powerdev.devices.inuse import Number, mounted, read_text, swap_files, swapping
 from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
 
@@ -55,10 +57,13 @@ class HostUseEvents:
         self._closed = False
         self.used = self.in_use()
 
-    def in_use(self) -> frozenset[Number]:
-        """The block devices the host mounts or swaps on, right now."""
-        found = set(mounted(read_text(self.mountinfo), self.dev_root))
-        found.update(swapping(read_text(self.swaps), self.dev_root))
+    def in_use(self) -> frozenset[Number | str]:
+        """The block devices the host mounts or swaps on, and the active swap
+        files, right now."""
+        swaps = read_text(self.swaps)
+        found: set[Number | str] = set(mounted(read_text(self.mountinfo), self.dev_root))
+        found.update(swapping(swaps, self.dev_root))
+        found.update(swap_files(swaps))
         return frozenset(found)
 
     def __enter__(self) -> HostUseEvents:
