@@ -142,18 +142,27 @@ def live_filesystems(sys_root: Path) -> dict[str, str]:
     return names
 
 
+def live_devices(sys_root: Path) -> dict[Number, str]:
+    """live_filesystems() by device number."""
+    found: dict[Number, str] = {}
+    for name, fs_type in live_filesystems(sys_root).items():
+        number = _read_number(sys_root / "class" / "block" / name / "dev")
+        if number is not None:
+            found.setdefault(number, fs_type)
+    return found
+
+
 def sysfs_mounted(sys_root: Path) -> dict[Number, str]:
     """Block devices under a mounted ext2/3/4, xfs, f2fs or btrfs filesystem,
     from sysfs alone. It sees every mount in every namespace and needs
     neither the host's mount table nor any label but sysfs's, so it still
     works where reading the host's mountinfo is denied."""
-    found: dict[Number, str] = {}
-    for name, fs_type in live_filesystems(sys_root).items():
-        number = _read_number(sys_root / "class" / "block" / name / "dev")
-        if number is not None:
-            why = "in a mounted btrfs filesystem" if fs_type == "btrfs" else None
-            found.setdefault(number, why or f"a mounted {fs_type} filesystem")
-    return found
+    return {
+        number: "in a mounted btrfs filesystem"
+        if fs_type == "btrfs"
+        else f"a mounted {fs_type} filesystem"
+        for number, fs_type in live_devices(sys_root).items()
+    }
 
 
 def _swap_lines(swaps: str) -> Iterable[tuple[str, str]]:
@@ -584,13 +593,11 @@ def direct_use(
         # and it keeps its filesystem alive after an unmount: while one is
         # active, every filesystem sysfs shows alive counts as used.
         while_swap = f"while a swap file is active ({', '.join(files)})"
-        for name, fs_type in live_filesystems(sys_root).items():
-            number = _read_number(sys_root / "class" / "block" / name / "dev")
-            if number is not None:
-                found.setdefault(
-                    number,
-                    f"under a live {fs_type} filesystem missing from the mount table, {while_swap}",
-                )
+        for number, fs_type in live_devices(sys_root).items():
+            found.setdefault(
+                number,
+                f"under a live {fs_type} filesystem missing from the mount table, {while_swap}",
+            )
     return found
 
 

@@ -611,3 +611,45 @@ def test_scan_and_the_daemon_give_the_same_reasons(tmp_path):
     (report,) = scan.scan(config, dev, guard.sys_root, None, guard)
     assert [d.path for d in report.advertised] == ["/dev/sg0"]
     assert report.left_out == []
+
+
+async def test_a_filesystem_alive_after_its_unmount_is_looked_at_again(tmp_path):
+    """While a swap file is active, a filesystem that is alive but in no
+    mount table keeps a device out; when it goes (its teardown after an
+    unmount ends), nothing flags it, so the event source looks again."""
+    import trio
+
+    from powerdev.devices.hostuse_events import HostUseEvents
+    from powerdev.devices.uevents import RESCAN
+
+    sys_root = live_ext4(tmp_path)  # sdj's ext4 is alive, and not in the table
+    (tmp_path / "mountinfo").write_text(MOUNTINFO)
+    (tmp_path / "swaps").write_text(SWAPS)
+    with (
+        HostUseEvents(
+            tmp_path / "dev",
+            tmp_path / "mountinfo",
+            tmp_path / "swaps",
+            sys_root=sys_root,
+            settle=(0.01, 0.04),
+        ) as events,
+        trio.fail_after(10),
+    ):
+        before = events.used
+        assert "alive 8:144" in before
+        (sys_root / "fs" / "ext4" / "sdj").rmdir()  # the filesystem is gone
+        assert await events.next_batch() == RESCAN
+        assert events.used == before - {"alive 8:144"}
+
+
+def test_no_timer_without_a_swap_file(tmp_path):
+    from powerdev.devices.hostuse_events import HostUseEvents
+
+    sys_root = live_ext4(tmp_path)
+    (tmp_path / "mountinfo").write_text(MOUNTINFO)
+    (tmp_path / "swaps").write_text(NO_SWAPS)
+    with HostUseEvents(
+        tmp_path / "dev", tmp_path / "mountinfo", tmp_path / "swaps", sys_root=sys_root
+    ) as events:
+        assert events._lingering == frozenset()  # so the wait has no timeout
+        assert events.in_use() == frozenset({(253, 0), (8, 1), (8, 16)})
