@@ -8,11 +8,12 @@ The rule. A block device is host-used when
   (ext4) journal in use, or active swap; and, while a swap FILE is active,
   when it holds a filesystem sysfs shows alive that the mount table does not
   (a lazily unmounted filesystem a swap file keeps busy);
-- or it is connected to such a device: the whole disk of a partition, any
-  partition of a disk (so every neighbour of a mounted partition), what a
-  device is stacked on (sysfs `slaves/`, a loop device's backing block
-  device) and what is stacked on it (`holders/`, loop devices over it), and
-  every member of the same btrfs filesystem;
+- or a chain of these relations joins it to such a device: a partition
+  and its whole disk (both ways, so every neighbour of a mounted partition
+  is used, kpartx partition maps of a multipath disk included), a device
+  and what it is stacked on (sysfs `slaves/`, a loop device's backing
+  block device) and what is stacked on it (`holders/`, loop devices over
+  it), and the members of one btrfs filesystem;
 - or it is held: another block device is stacked on it (dm, md, LVM,
   bcache: `holders/`; a loop device whose backing file is this device),
   and so are its whole disk and every partition of that disk. Being held
@@ -30,10 +31,11 @@ scan` both ask HostUse.reason(), so the log and the scan say the same.
 
 Everything is a plain function of a mountinfo text, a /proc/swaps text, the
 /proc/fs/jbd2 names and a sysfs tree, whose paths are arguments. One look
-(survey) reads the tables once and sysfs only as the questions need it:
-each entry at most once, starting from the devices asked about and the ones
-used directly, plus one listing of the virtual block devices (for loop
-backing) and of /sys/fs/btrfs. No walk of /sys.
+(survey) reads the tables once and sysfs only as the questions need it,
+each entry at most once: for a device asked about, the group of devices
+the relations join it to, plus one listing of the virtual block devices
+(for loop backing) and of /sys/fs/btrfs. No walk of /sys: a device event
+costs what its own disks and stacks hold.
 """
 
 from __future__ import annotations
@@ -207,26 +209,35 @@ def read_text(path: Path | None) -> str:
         return ""
 
 
-def _entries(directory: Path) -> list[str]:
+def _entries(directory: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(directory))
     except OSError:
         return []
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     try:
-        return path.read_text(errors="replace")
+        with open(path, errors="replace") as f:
+            return f.read(4096)  # sysfs attributes are a page at most
     except (OSError, ValueError):
         return None
 
 
-def _read_number(path: Path) -> Number | None:
+def _read_number(path: Path | str) -> Number | None:
     text = _read(path)
     return parse_number(text) if text is not None else None
 
 
-def _link(path: Path) -> str | None:
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _link(path: Path | str) -> str | None:
     try:
         return os.readlink(path)
     except (OSError, ValueError):
@@ -249,6 +260,7 @@ class BlockTopology:
     def __init__(self, sys_root: Path, dev_root: Path) -> None:
         self.sys_root = sys_root
         self.dev_root = dev_root
+        self._block = str(sys_root / "class" / "block")
         self._memo: dict[tuple[str, object], object] = {}
         self._loops: dict[str, list[str]] | None = None  # backing name -> loop names
         self._backing: dict[str, str] = {}  # loop name -> backing name
@@ -259,32 +271,45 @@ class BlockTopology:
             self._memo[key] = compute()
         return self._memo[key]
 
-    def _dir(self, name: str) -> Path:
-        return self.sys_root / "class" / "block" / name
+    def _dir(self, name: str) -> str:
+        """/sys/class/block/<name>, as a string: paths here are built by the
+        thousand, and pathlib objects cost more than the system calls."""
+        return f"{self._block}/{name}"
+
+    def _is_partition(self, name: str) -> bool:
+        return self._once(("partition", name), lambda: _exists(f"{self._dir(name)}/partition"))
 
     def name(self, number: Number) -> str | None:
         """The kernel name of the block device with these numbers, if sysfs has it."""
 
         def compute() -> str | None:
             link = _link(self.sys_root / "dev" / "block" / f"{number[0]}:{number[1]}")
-            return Path(link).name if link else None
+            if not link:
+                return None
+            name = Path(link).name
+            if self._memo.get(("number", name)) is None:
+                self._memo[("number", name)] = number  # sysfs's own link says so
+            return name
 
         return self._once(("name", number), compute)
 
+    def number(self, name: str) -> Number | None:
+        return self._once(("number", name), lambda: _read_number(f"{self._dir(name)}/dev"))
+
     def exists(self, name: str) -> bool:
-        return self._once(("exists", name), lambda: self._dir(name).exists())
+        return self._once(("exists", name), lambda: _exists(self._dir(name)))
 
     def disk(self, name: str) -> str | None:
         """The whole disk of a partition: a kernel partition's parent, or the
         one device a kpartx partition map is stacked on."""
 
         def compute() -> str | None:
-            if (self._dir(name) / "partition").exists():
+            if self._is_partition(name):
                 link = _link(self._dir(name))
-                return Path(link).parent.name if link else None
+                return os.path.basename(os.path.dirname(link)) if link else None
             if name.startswith("dm-"):
-                uuid = _read(self._dir(name) / "dm" / "uuid") or ""
-                slaves = _entries(self._dir(name) / "slaves")
+                uuid = _read(f"{self._dir(name)}/dm/uuid") or ""
+                slaves = _entries(f"{self._dir(name)}/slaves")
                 if _DM_PARTITION.match(uuid) and len(slaves) == 1:
                     return slaves[0]
             return None
@@ -295,10 +320,12 @@ class BlockTopology:
         """The partitions of a disk: kernel partitions and kpartx partition maps."""
 
         def compute() -> tuple[str, ...]:
+            if self._is_partition(name):
+                return ()  # a partition has none of its own
             found = [
                 entry
                 for entry in _entries(self._dir(name))
-                if entry.startswith(name) and (self._dir(name) / entry / "partition").exists()
+                if entry.startswith(name) and _exists(f"{self._dir(name)}/{entry}/partition")
             ]
             found += [h for h in self._sysfs_holders(name) if self.disk(h) == name]
             return tuple(found)
@@ -306,7 +333,7 @@ class BlockTopology:
         return self._once(("parts", name), compute)
 
     def _sysfs_holders(self, name: str) -> list[str]:
-        return self._once(("holders", name), lambda: _entries(self._dir(name) / "holders"))
+        return self._once(("holders", name), lambda: _entries(f"{self._dir(name)}/holders"))
 
     def holders(self, name: str) -> tuple[str, ...]:
         """What is stacked on it: holders/ and loop devices backed by it."""
@@ -314,7 +341,10 @@ class BlockTopology:
 
     def slaves(self, name: str) -> tuple[str, ...]:
         """What it is stacked on: slaves/, or a loop device's backing device."""
-        below = self._once(("slaves", name), lambda: _entries(self._dir(name) / "slaves"))
+        below = self._once(
+            ("slaves", name),
+            lambda: [] if self._is_partition(name) else _entries(f"{self._dir(name)}/slaves"),
+        )
         backing = self._loop_backing().get(name)
         return (*below, backing) if backing else tuple(below)
 
@@ -472,7 +502,11 @@ class HostUse:
         self.topology = topology
         self.direct = dict(direct)
         self.direct_names = dict(direct_names or {})
-        self._used: dict[str, _Why] | None = None
+        self._judged: dict[str, dict[str, _Why]] = {}  # name -> the uses in its group
+        # table order, for going breadth first from the direct uses in it
+        self._rank: dict[Number | str, int] = {
+            key: i for i, key in enumerate([*self.direct, *self.direct_names])
+        }
 
     def reason(self, device: Device) -> str | None:
         """Why the host uses this device, or None if it does not."""
@@ -499,16 +533,60 @@ class HostUse:
         return self.name_reason(name)
 
     def name_reason(self, name: str) -> str | None:
-        used = self._closure()
-        if name in used:
-            return used[name].text
-        return self._held(name)
+        why = self._connected(name)
+        return why.text if why is not None else self._held(name)
 
-    def _closure(self) -> dict[str, _Why]:
-        """Every device connected to a direct use, breadth first from the
-        direct uses in table order, so each reason is a shortest chain."""
-        if self._used is not None:
-            return self._used
+    def _connected(self, name: str) -> _Why | None:
+        """Why it is connected to a direct use, if it is. Every relation the
+        rule follows goes both ways, so the devices connected to a direct
+        use are the connected groups of the topology that hold one: find
+        the group this device is in (and only that group: a question costs
+        what its own disks, stacks and filesystems hold), then go breadth
+        first from the direct uses in it, in table order, so each reason is
+        a shortest chain. Each group is judged once per survey."""
+        if name not in self._judged:
+            group = self._group_of(name)
+            direct = {n: why for n in group if (why := self._direct_text(n)) is not None}
+            used = self._spread(direct)
+            for member in group:
+                self._judged[member] = used
+        return self._judged[name].get(name)
+
+    def _neighbours(self, name: str) -> Iterable[str]:
+        topo = self.topology
+        disk = topo.disk(name)
+        return (
+            *((disk,) if disk else ()),
+            *topo.parts(name),
+            *topo.slaves(name),
+            *topo.holders(name),
+            *topo.btrfs_members(name),
+        )
+
+    def _group_of(self, name: str) -> list[str]:
+        seen = {name: None}
+        queue = deque([name])
+        while queue:
+            for other in self._neighbours(queue.popleft()):
+                if other not in seen:
+                    seen[other] = None
+                    queue.append(other)
+        return list(seen)
+
+    def _direct_text(self, name: str) -> str | None:
+        number = self.topology.number(name)
+        why = self.direct.get(number) if number is not None else None
+        return why if why is not None else self.direct_names.get(name)
+
+    def _spread(self, direct: Mapping[str, str]) -> dict[str, _Why]:
+        """Breadth first from these direct uses (name -> why), in table order."""
+
+        def rank(name: str) -> int:
+            number = self.topology.number(name)
+            if number is not None and number in self._rank:
+                return self._rank[number]
+            return self._rank.get(name, len(self._rank))
+
         topo = self.topology
         used: dict[str, _Why] = {}
         queue: deque[str] = deque()
@@ -518,28 +596,22 @@ class HostUse:
                 used[name] = why
                 queue.append(name)
 
-        for number, text in self.direct.items():
-            name = topo.name(number)
-            if name is not None:
-                visit(name, _Why(text))
-        for name, text in self.direct_names.items():
-            if topo.exists(name):
-                visit(name, _Why(text))
+        for name in sorted(direct, key=rank):
+            visit(name, _Why(direct[name]))
         while queue:
             name = queue.popleft()
             why = used[name]
             disk = topo.disk(name)
             if disk is not None:
                 visit(disk, why.of_disk(name))
-            for part in topo.parts(name):
-                visit(part, why.of_partition(name, part))
+            for member in topo.parts(name):
+                visit(member, why.of_partition(name, member))
             for lower in topo.slaves(name):
                 visit(lower, why.below(name))
             for holder in topo.holders(name):
                 visit(holder, why.on_top(name, holder))
             for other in topo.btrfs_members(name):
                 visit(other, why.member(name))
-        self._used = used
         return used
 
     def _held(self, name: str) -> str | None:

@@ -240,30 +240,40 @@ def test_a_mounted_kpartx_partition_keeps_its_multipath_disk_and_neighbours(tmp_
 
 
 def test_a_topology_reads_each_entry_once_and_only_what_it_needs(tmp_path, monkeypatch):
+    from powerdev.devices import inuse
+
     sys_root = tree(tmp_path)
-    opened: list[str] = []
-    listed: list[str] = []
-    real_listdir, real_read = os.listdir, Path.read_text
+    touched: list[str] = []
 
-    def listdir(path):
-        listed.append(str(path))
-        return real_listdir(path)
+    def spy(real):
+        def call(path, *args, **kwargs):
+            touched.append(f"{real.__name__} {path}")
+            return real(path, *args, **kwargs)
 
-    def read_text(self, *args, **kwargs):
-        opened.append(str(self))
-        return real_read(self, *args, **kwargs)
+        return call
 
-    monkeypatch.setattr(os, "listdir", listdir)
-    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(inuse, "open", spy(open), raising=False)
+    for name in ("listdir", "stat", "readlink"):
+        monkeypatch.setattr(inuse.os, name, spy(getattr(os, name)))
     use = HostUse(BlockTopology(sys_root, tmp_path / "dev"), {(8, 16): "mounted at /x"})
     for _ in range(3):
         assert use.block_reason((8, 144)) is None
         assert use.block_reason((8, 16)) == "mounted at /x"
-    assert len(opened) == len(set(opened)) and len(listed) == len(set(listed))
-    touched = {
-        Path(p).relative_to(sys_root).parts[2] for p in opened + listed if "class/block" in p
-    }
-    assert touched <= {"sdb", "sdj", "loop0", "loop1", "loop2", "loop3"}  # no other disk
+        assert use.block_reason((7, 1)) == "on top of sdb, which is mounted at /x"
+    assert len(touched) == len(set(touched))  # each entry at most once
+    devices = set()
+    for entry in touched:
+        path = Path(entry.split(" ", 1)[1])
+        if not path.is_relative_to(sys_root):
+            continue  # /dev/sdg, the node a backing file names
+        parts = path.relative_to(sys_root).parts
+        if parts[:2] == ("class", "block"):
+            devices.add(parts[2])
+        elif parts[:3] == ("devices", "virtual", "block") and len(parts) > 3:
+            devices.add(parts[3])
+    # sdj, sdb and loop1 (asked about); every loop device's backing file, and
+    # whether sdg, which one names, exists: no other disk, stack or filesystem
+    assert devices == {"sdb", "sdj", "loop0", "loop1", "loop2", "loop3", "sdg"}
 
 
 def test_unreadable_or_odd_sysfs_entries_are_skipped(tmp_path):
