@@ -4,7 +4,9 @@ the host's /dev and /sys; it needs no kubelet and changes nothing.
 
 The same functions the daemon uses decide (patterns, probe, control nodes,
 udev properties, identities, the host-use guard); this module only asks
-them one at a time, so it can say which one said no.
+them one at a time, so it can say which one said no. Host use is one look
+at the host for the whole scan (HostUseGuard.survey), asked per device as
+the daemon's screen asks it, so the reasons are the ones the daemon logs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from powerdev.devices.discovery import (
     probe,
     properties_match,
 )
-from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.inuse import HostUse, HostUseGuard
 from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
 
@@ -44,10 +46,11 @@ def scan(
 ) -> list[Report]:
     reports = []
     claimed: dict[str, str] = {}  # host path -> the resource that lists it
+    use = guard.survey() if guard is not None else None
     for resource in config.resources:
         report = Report(resource.name, resource.allocation)
         for path in sorted(dict.fromkeys(candidates(resource, dev_root, sys_root))):
-            device, why = _judge(resource, path, dev_root, sys_root, udev, guard)
+            device, why = _judge(resource, path, dev_root, sys_root, udev, use)
             if device is not None and path in claimed:
                 device, why = None, f"held by another resource, {claimed[path]}"
             if device is None:
@@ -65,7 +68,7 @@ def _judge(
     dev_root: Path,
     sys_root: Path,
     udev: UdevDatabase | None,
-    guard: HostUseGuard | None,
+    use: HostUse | None,
 ) -> tuple[Device | None, str]:
     for pattern in resource.exclude:
         if gomatch.match(pattern, path):
@@ -82,8 +85,8 @@ def _judge(
             wanted = ", ".join(f"{k}={'|'.join(g)}" for k, g in resource.match_properties)
             have = ", ".join(f"{k}={props.get(k, '(none)')}" for k, _ in resource.match_properties)
             return None, f"properties {have} do not match {wanted}"
-    if guard is not None and not resource.allow_host_used:
-        why = guard.reason(device, guard.direct_use())
+    if use is not None and not resource.allow_host_used:
+        why = use.reason(device)
         if why is not None:
             return None, f"the host uses it: {why}"
     return describe(resource, device, sys_root, udev, with_identity=True), ""

@@ -56,6 +56,17 @@ def require_tool(tool: KitBinary) -> Path:
     return require(tool.find(), tool.missing)
 
 
+def require_command(command: str, package: str) -> Path:
+    """A host command's path, or the skip (the failure in CI) above, naming
+    the Debian package that has it; `bash conformance/host-tools` installs
+    every package the kernel tests use."""
+    found = shutil.which(command, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    return require(
+        Path(found) if found else None,
+        f"{command} is missing: apt-get install {package} (or run bash conformance/host-tools)",
+    )
+
+
 def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
     """A /dev stand-in whose entries are links to a real character device,
     so that tests without root still see real device nodes."""

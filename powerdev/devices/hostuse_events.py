@@ -9,8 +9,21 @@ the wait on the way out): no timer, and an idle daemon uses no CPU. (An
 epoll set of our own, waited on by Trio, was tried first: nested epoll may
 drop a wake-up that arrives while the outer epoll looks at the inner one,
 and a test caught it.) A wake-up becomes a rescan only when the set of block
-devices mounted or swapped on changed, so the mounts of every starting pod
-(overlay, tmpfs, binds of the same disks) cost one small read and no more.
+devices mounted or swapped on, or the set of active swap files, changed, so
+the mounts of every starting pod (overlay, tmpfs, binds of the same disks)
+cost one small read and no more.
+
+One timer, for one case. While a swap file is active the guard also counts
+every filesystem sysfs shows alive (/sys/fs/<type>/<device>), since a swap
+file keeps its filesystem alive after a lazy unmount, where no mount table
+shows it. But an ordinary unmount also leaves the filesystem alive for a
+moment after the mount table changes (the kernel syncs and tears it down
+after it wakes us), and nothing flags the moment it is gone. So while a
+swap file is active and some filesystem is alive that no mount table line
+names, the wait also ends after 1 s, then 2, 4 ... up to 64 s, and the
+sysfs entries are looked at again: a device whose filesystem went away is
+listed again within about a minute, one that stays (a lazily unmounted
+filesystem holding the swap file) costs one small read a minute.
 """
 
 from __future__ import annotations
@@ -24,21 +37,40 @@ from pathlib import Path
 
 import trio
 
-from powerdev.devices.inuse import Number, mounted, read_text, swapping
+from powerdev.devices.inuse import (
+    Number,
+    live_devices,
+    mounted,
+    read_text,
+    swap_files,
+    swapping,
+)
 from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
 
 log = logging.getLogger(__name__)
+SETTLE = (1.0, 64.0)  # the first and the longest wait while a filesystem lingers
 
 
 class HostUseEvents:
     """Use as a context manager; next_batch() like the netlink source, but it
     only ever returns RESCAN: the guard then looks at every device again."""
 
-    def __init__(self, dev_root: Path, mountinfo: Path | None, swaps: Path | None) -> None:
+    def __init__(
+        self,
+        dev_root: Path,
+        mountinfo: Path | None,
+        swaps: Path | None,
+        *,
+        sys_root: Path = Path("/sys"),
+        settle: tuple[float, float] = SETTLE,
+    ) -> None:
         self.dev_root = dev_root
         self.mountinfo = mountinfo
         self.swaps = swaps
+        self.sys_root = sys_root
+        self._settle = settle
+        self._step = settle[0]
         self._fds: list[int] = []
         for path in (mountinfo, swaps):
             if path is None:
@@ -53,13 +85,28 @@ class HostUseEvents:
         self._lock = threading.Lock()
         self._waiting = False
         self._closed = False
-        self.used = self.in_use()
+        self.used, self._lingering = self._look()
 
-    def in_use(self) -> frozenset[Number]:
-        """The block devices the host mounts or swaps on, right now."""
-        found = set(mounted(read_text(self.mountinfo), self.dev_root))
-        found.update(swapping(read_text(self.swaps), self.dev_root))
-        return frozenset(found)
+    def in_use(self) -> frozenset[Number | str]:
+        """The block devices the host mounts or swaps on, the active swap
+        files, and (while one is active) the filesystems alive in sysfs."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[frozenset[Number | str], frozenset[Number]]:
+        """in_use(), and the devices of the live filesystems that no mount
+        table line names while a swap file is active (lingering)."""
+        swaps = read_text(self.swaps)
+        mounts = mounted(read_text(self.mountinfo), self.dev_root)
+        found: set[Number | str] = set(mounts)
+        found.update(swapping(swaps, self.dev_root))
+        files = swap_files(swaps)
+        found.update(f"swap file {path}" for path in files)
+        lingering: frozenset[Number] = frozenset()
+        if files:
+            alive = live_devices(self.sys_root)
+            found.update(f"alive {major}:{minor}" for major, minor in alive)
+            lingering = frozenset(number for number in alive if number not in mounts)
+        return frozenset(found), lingering
 
     def __enter__(self) -> HostUseEvents:
         return self
@@ -78,9 +125,9 @@ class HostUseEvents:
                 os.close(fd)
         self._fds = []
 
-    def _wait(self) -> bool:
-        """In a worker thread: block until a file flags a change (True) or
-        the source is closed (False)."""
+    def _wait(self, timeout: float | None) -> bool | None:
+        """In a worker thread: block until a file flags a change (True), the
+        source is closed (False) or `timeout` seconds pass (None)."""
         with self._lock:
             if self._closed:
                 return False
@@ -91,7 +138,9 @@ class HostUseEvents:
                 poller.register(fd, select.POLLPRI)
             poller.register(self._stop_read, select.POLLIN)
             while True:
-                ready = dict(poller.poll())
+                ready = dict(poller.poll(None if timeout is None else int(timeout * 1000)))
+                if not ready:
+                    return None
                 if self._stop_read in ready:
                     return False
                 if any(ready.get(fd, 0) & (select.POLLPRI | select.POLLERR) for fd in self._fds):
@@ -111,9 +160,15 @@ class HostUseEvents:
         if not self._fds:
             await trio.sleep_forever()
         while True:
-            if not await trio.to_thread.run_sync(self._wait, abandon_on_cancel=True):
+            timeout = self._step if self._lingering else None
+            woke = await trio.to_thread.run_sync(self._wait, timeout, abandon_on_cancel=True)
+            if woke is False:
                 await trio.sleep_forever()  # stopping: the source is closed
-            now = self.in_use()
+            now, lingering = self._look()
+            if lingering != self._lingering:
+                self._lingering, self._step = lingering, self._settle[0]
+            elif woke is None:
+                self._step = min(self._step * 2, self._settle[1])
             if now != self.used:
                 self.used = now
                 log.info("the host mounted, unmounted or swapped a device: rescanning")

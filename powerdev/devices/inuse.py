@@ -1,15 +1,41 @@
-"""Keep the host's own disks out: which block devices the host is using.
+"""Keep the host's own disks out: which devices the host uses, and why.
 
-A block device is in use by the host when a filesystem on it is mounted
-(the host's mount table, or, when it cannot be read, sysfs
-/sys/fs/<type>/<device>), when
-it is active swap, when another block device holds it (dm, md, LVM, bcache:
-sysfs `holders/` is not empty), or when one of its partitions is in use. The
-stacking rule covers everything beneath a device in use: a mounted dm-0 holds
-the partition under it through `slaves/`, and that partition makes its disk
-in use. Everything here is a plain function of a mountinfo text, a
-/proc/swaps text and a sysfs tree; the paths are arguments, so tests build
-their own trees. The tracker asks HostUseGuard to screen what it lists.
+The rule. A block device is host-used when
+
+- it is used directly: a filesystem on it is mounted (the host's mount
+  table; sysfs /sys/fs/<type>/<device> when that cannot be read), it is an
+  XFS external log or realtime device named by a mount, an external jbd2
+  (ext4) journal in use, or active swap; and, while a swap FILE is active,
+  when it holds a filesystem sysfs shows alive that the mount table does not
+  (a lazily unmounted filesystem a swap file keeps busy);
+- or a chain of these relations joins it to such a device: a partition
+  and its whole disk (both ways, so every neighbour of a mounted partition
+  is used, kpartx partition maps of a multipath disk included), a device
+  and what it is stacked on (sysfs `slaves/`, a loop device's backing
+  block device) and what is stacked on it (`holders/`, loop devices over
+  it), and the members of one btrfs filesystem;
+- or it is held: another block device is stacked on it (dm, md, LVM,
+  bcache: `holders/`; a loop device whose backing file is this device),
+  and so are its whole disk and every partition of that disk. Being held
+  spreads no further: a multipath map or a logical volume is not host-used
+  because its own legs are held, nor is a kpartx partition map because it
+  holds its disk.
+
+A character device that reaches a disk another way (/dev/sg*, /dev/bsg/*,
+the NVMe generic /dev/ng*n*, an NVMe controller's /dev/nvme*) is host-used
+when a disk it reaches is.
+
+Each answer carries the reason, one chain of the relations above ("on the
+same disk as sda2, which is mounted at /boot"). The tracker and `powerdev
+scan` both ask HostUse.reason(), so the log and the scan say the same.
+
+Everything is a plain function of a mountinfo text, a /proc/swaps text, the
+/proc/fs/jbd2 names and a sysfs tree, whose paths are arguments. One look
+(survey) reads the tables once and sysfs only as the questions need it,
+each entry at most once: for a device asked about, the group of devices
+the relations join it to, plus one listing of the virtual block devices
+(for loop backing) and of /sys/fs/btrfs. No walk of /sys: a device event
+costs what its own disks and stacks hold.
 """
 
 from __future__ import annotations
@@ -18,9 +44,11 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from powerdev.devices.discovery import to_local
 from powerdev.devices.model import HOST_DEV, Device
@@ -28,6 +56,7 @@ from powerdev.devices.model import HOST_DEV, Device
 log = logging.getLogger(__name__)
 
 Number = tuple[int, int]  # major, minor
+T = TypeVar("T")
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
@@ -49,11 +78,15 @@ def node_number(dev_root: Path, host_path: str) -> Number | None:
         return None
     try:
         st = os.stat(to_local(dev_root, host_path))
-    except OSError:
+    except (OSError, ValueError):
         return None
     if not stat.S_ISBLK(st.st_mode):
         return None
     return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+# Mount options that name another device of the same filesystem.
+_OTHER_DEVICES = {"logdev": "the external log", "rtdev": "the realtime device"}
 
 
 def mounted(mountinfo: str, dev_root: Path) -> dict[Number, str]:
@@ -61,7 +94,8 @@ def mounted(mountinfo: str, dev_root: Path) -> dict[Number, str]:
 
     Field 3 is the filesystem's device number; a filesystem with an anonymous
     number (btrfs, say: major 0) is found by its mount source, a /dev path
-    looked up under dev_root.
+    looked up under dev_root. XFS names its external log and realtime device
+    in the super options (logdev=, rtdev=), looked up the same way.
     """
     found: dict[Number, str] = {}
     for line in mountinfo.splitlines():
@@ -77,6 +111,15 @@ def mounted(mountinfo: str, dev_root: Path) -> dict[Number, str]:
             source = node_number(dev_root, unescape(after[1]))
             if source is not None:
                 found.setdefault(source, where)
+        if len(after) >= 3:
+            for option in after[2].split(","):
+                key, sep, value = option.partition("=")
+                if sep and key in _OTHER_DEVICES:
+                    other = node_number(dev_root, unescape(value))
+                    if other is not None:
+                        found.setdefault(
+                            other, f"{_OTHER_DEVICES[key]} of the {after[0]} filesystem {where}"
+                        )
     return found
 
 
@@ -85,79 +128,75 @@ def mounted(mountinfo: str, dev_root: Path) -> dict[Number, str]:
 _SYSFS_FS = {"ext4": {"features"}, "xfs": {"stats", "extra"}, "f2fs": {"features", "tuning"}}
 
 
-def sysfs_mounted(sys_root: Path) -> dict[Number, str]:
-    """Block devices under a mounted ext2/3/4, xfs, f2fs or btrfs filesystem,
-    from sysfs alone (/sys/fs/<type>/<device>). It sees every mount in every
-    namespace and needs neither the host's mount table nor any label but
-    sysfs's, so it still works where reading the host's mountinfo is denied."""
+def live_filesystems(sys_root: Path) -> dict[str, str]:
+    """Block device name -> filesystem type, for every ext2/3/4, xfs, f2fs and
+    btrfs filesystem the kernel has alive (/sys/fs/<type>/<device>): mounted
+    in any namespace, or unmounted lazily and still busy."""
     names: dict[str, str] = {}
     fs_root = sys_root / "fs"
     for fs_type, own in _SYSFS_FS.items():
         for name in _entries(fs_root / fs_type):
             if name not in own:
-                names.setdefault(name, f"a mounted {fs_type} filesystem")
+                names.setdefault(name, fs_type)
     for fs_id in _entries(fs_root / "btrfs"):
         for name in _entries(fs_root / "btrfs" / fs_id / "devices"):
-            names.setdefault(name, "in a mounted btrfs filesystem")
+            names.setdefault(name, "btrfs")
+    return names
+
+
+def live_devices(sys_root: Path) -> dict[Number, str]:
+    """live_filesystems() by device number."""
     found: dict[Number, str] = {}
-    for name, why in names.items():
-        try:
-            number = parse_number((sys_root / "class" / "block" / name / "dev").read_text())
-        except OSError:
-            continue
+    for name, fs_type in live_filesystems(sys_root).items():
+        number = _read_number(sys_root / "class" / "block" / name / "dev")
         if number is not None:
-            found.setdefault(number, why)
+            found.setdefault(number, fs_type)
     return found
 
 
-def swapping(swaps: str, dev_root: Path) -> dict[Number, str]:
-    """Block devices that are active swap, from a /proc/swaps text. Swap
-    files live on a mounted filesystem, which mounted() already counts."""
-    found: dict[Number, str] = {}
+def sysfs_mounted(sys_root: Path) -> dict[Number, str]:
+    """Block devices under a mounted ext2/3/4, xfs, f2fs or btrfs filesystem,
+    from sysfs alone. It sees every mount in every namespace and needs
+    neither the host's mount table nor any label but sysfs's, so it still
+    works where reading the host's mountinfo is denied."""
+    return {
+        number: "in a mounted btrfs filesystem"
+        if fs_type == "btrfs"
+        else f"a mounted {fs_type} filesystem"
+        for number, fs_type in live_devices(sys_root).items()
+    }
+
+
+def _swap_lines(swaps: str) -> Iterable[tuple[str, str]]:
     for line in swaps.splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 2 and fields[1] == "partition":
-            number = node_number(dev_root, unescape(fields[0]))
+        if len(fields) >= 2:
+            yield unescape(fields[0]), fields[1]
+
+
+def swapping(swaps: str, dev_root: Path) -> dict[Number, str]:
+    """Block devices that are active swap, from a /proc/swaps text."""
+    found: dict[Number, str] = {}
+    for path, kind in _swap_lines(swaps):
+        if kind == "partition":
+            number = node_number(dev_root, path)
             if number is not None:
                 found.setdefault(number, "active swap")
     return found
 
 
-def _sys_dir(sys_root: Path, number: Number) -> Path:
-    return sys_root / "dev" / "block" / f"{number[0]}:{number[1]}"
+def swap_files(swaps: str) -> list[str]:
+    """The active swap files, as /proc/swaps names them: a path in the host's
+    namespace, or relative to a detached mount once lazily unmounted."""
+    return [path for path, kind in _swap_lines(swaps) if kind == "file"]
 
 
-def _entries(directory: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(directory))
-    except OSError:
-        return []
-
-
-def use_reason(sys_root: Path, number: Number, direct: Mapping[Number, str]) -> str | None:
-    """Why the host uses the block device with this number, or None if it does not."""
-    if number in direct:
-        return direct[number]
-    sys_dir = _sys_dir(sys_root, number)
-    holders = _entries(sys_dir / "holders")
-    if holders:
-        return f"held by {', '.join(holders)}"
-    for child in _entries(sys_dir):
-        if not (sys_dir / child / "partition").exists():
-            continue
-        try:
-            part = parse_number((sys_dir / child / "dev").read_text())
-        except OSError:
-            continue
-        if part is None:
-            continue
-        why = direct.get(part)
-        if why is None:
-            part_holders = _entries(sys_dir / child / "holders")
-            why = f"held by {', '.join(part_holders)}" if part_holders else None
-        if why is not None:
-            return f"its partition {child} is in use ({why})"
-    return None
+def journal_entries(jbd2: Path | None) -> list[str]:
+    """The entries of /proc/fs/jbd2, one per jbd2 journal in use (ext4's,
+    ocfs2's): "<device>-<inode>" for a journal inside a filesystem, and
+    "<device>" for an external journal, a block device of its own. So an
+    entry that is a block device's name is an external journal."""
+    return _entries(jbd2) if jbd2 is not None else []
 
 
 def read_text(path: Path | None) -> str:
@@ -168,6 +207,470 @@ def read_text(path: Path | None) -> str:
     except OSError as err:
         log.warning("cannot read %s (%s): devices in use there are not recognised", path, err)
         return ""
+
+
+def _entries(directory: Path | str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def _read(path: Path | str) -> str | None:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(4096)  # sysfs attributes are a page at most
+    except (OSError, ValueError):
+        return None
+
+
+def _read_number(path: Path | str) -> Number | None:
+    text = _read(path)
+    return parse_number(text) if text is not None else None
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _link(path: Path | str) -> str | None:
+    try:
+        return os.readlink(path)
+    except (OSError, ValueError):
+        return None
+
+
+# --- the block topology, read on demand ------------------------------------
+
+_DM_PARTITION = re.compile(r"part\d+-")  # kpartx: DM_UUID part<N>-<uuid of the disk map>
+_NVME_DISK = re.compile(r"nvme(\d+)(?:c(\d+))?n(\d+)")
+_NVME_GENERIC = re.compile(r"ng(\d+)n(\d+)")
+_ALIAS_CLASSES = ("scsi_generic", "bsg", "nvme-generic", "nvme")
+
+
+class BlockTopology:
+    """The host's block devices as sysfs shows them, by kernel name. Each
+    sysfs entry is read the first time it is needed and never again, so one
+    topology is one consistent-enough look; make a new one per screening."""
+
+    def __init__(self, sys_root: Path, dev_root: Path) -> None:
+        self.sys_root = sys_root
+        self.dev_root = dev_root
+        self._block = str(sys_root / "class" / "block")
+        self._memo: dict[tuple[str, object], object] = {}
+        self._loops: dict[str, list[str]] | None = None  # backing name -> loop names
+        self._backing: dict[str, str] = {}  # loop name -> backing name
+        self._btrfs: dict[str, tuple[str, ...]] | None = None  # member -> members
+
+    def _once(self, key: tuple[str, object], compute: Callable[[], T]) -> T:
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def _dir(self, name: str) -> str:
+        """/sys/class/block/<name>, as a string: paths here are built by the
+        thousand, and pathlib objects cost more than the system calls."""
+        return f"{self._block}/{name}"
+
+    def _is_partition(self, name: str) -> bool:
+        return self._once(("partition", name), lambda: _exists(f"{self._dir(name)}/partition"))
+
+    def name(self, number: Number) -> str | None:
+        """The kernel name of the block device with these numbers, if sysfs has it."""
+
+        def compute() -> str | None:
+            link = _link(self.sys_root / "dev" / "block" / f"{number[0]}:{number[1]}")
+            if not link:
+                return None
+            name = Path(link).name
+            if self._memo.get(("number", name)) is None:
+                self._memo[("number", name)] = number  # sysfs's own link says so
+            return name
+
+        return self._once(("name", number), compute)
+
+    def number(self, name: str) -> Number | None:
+        return self._once(("number", name), lambda: _read_number(f"{self._dir(name)}/dev"))
+
+    def exists(self, name: str) -> bool:
+        return self._once(("exists", name), lambda: _exists(self._dir(name)))
+
+    def disk(self, name: str) -> str | None:
+        """The whole disk of a partition: a kernel partition's parent, or the
+        one device a kpartx partition map is stacked on."""
+
+        def compute() -> str | None:
+            if self._is_partition(name):
+                link = _link(self._dir(name))
+                return os.path.basename(os.path.dirname(link)) if link else None
+            if name.startswith("dm-"):
+                uuid = _read(f"{self._dir(name)}/dm/uuid") or ""
+                slaves = _entries(f"{self._dir(name)}/slaves")
+                if _DM_PARTITION.match(uuid) and len(slaves) == 1:
+                    return slaves[0]
+            return None
+
+        return self._once(("disk", name), compute)
+
+    def parts(self, name: str) -> tuple[str, ...]:
+        """The partitions of a disk: kernel partitions and kpartx partition maps."""
+
+        def compute() -> tuple[str, ...]:
+            if self._is_partition(name):
+                return ()  # a partition has none of its own
+            found = [
+                entry
+                for entry in _entries(self._dir(name))
+                if entry.startswith(name) and _exists(f"{self._dir(name)}/{entry}/partition")
+            ]
+            found += [h for h in self._sysfs_holders(name) if self.disk(h) == name]
+            return tuple(found)
+
+        return self._once(("parts", name), compute)
+
+    def _sysfs_holders(self, name: str) -> list[str]:
+        return self._once(("holders", name), lambda: _entries(f"{self._dir(name)}/holders"))
+
+    def holders(self, name: str) -> tuple[str, ...]:
+        """What is stacked on it: holders/ and loop devices backed by it."""
+        return (*self._sysfs_holders(name), *self.loops_over(name))
+
+    def slaves(self, name: str) -> tuple[str, ...]:
+        """What it is stacked on: slaves/, or a loop device's backing device."""
+        below = self._once(
+            ("slaves", name),
+            lambda: [] if self._is_partition(name) else _entries(f"{self._dir(name)}/slaves"),
+        )
+        backing = self._loop_backing().get(name)
+        return (*below, backing) if backing else tuple(below)
+
+    def held_by(self, name: str) -> tuple[str, ...]:
+        """What holds it, but its own partition maps (a disk is not held by them)."""
+        return tuple(h for h in self.holders(name) if self.disk(h) != name)
+
+    def loops_over(self, name: str) -> list[str]:
+        """Loop devices whose backing file is this block device."""
+        self._loop_backing()
+        assert self._loops is not None
+        return self._loops.get(name, [])
+
+    def _loop_backing(self) -> dict[str, str]:
+        """Loop device -> the block device its backing file is, read once for
+        every loop device (they are all virtual block devices)."""
+        if self._loops is None:
+            self._loops = {}
+            virtual = self.sys_root / "devices" / "virtual" / "block"
+            for loop in _entries(virtual):
+                if not loop.startswith("loop"):
+                    continue
+                backing = self._backing_device(_read(virtual / loop / "loop" / "backing_file"))
+                if backing is not None and backing != loop:
+                    self._backing[loop] = backing
+                    self._loops.setdefault(backing, []).append(loop)
+        return self._backing
+
+    def _backing_device(self, text: str | None) -> str | None:
+        """The block device a loop device's backing_file names, if it is one."""
+        if not text:
+            return None
+        path = text.strip().removesuffix(" (deleted)")
+        number = node_number(self.dev_root, path)
+        if number is not None:
+            return self.name(number)
+        plain = path.removeprefix(HOST_DEV + "/")
+        if path.startswith(HOST_DEV + "/") and "/" not in plain and self.exists(plain):
+            return plain  # /dev/<kernel name>, not visible under our dev root
+        return None
+
+    def btrfs_members(self, name: str) -> tuple[str, ...]:
+        """The other devices of the btrfs filesystem it belongs to."""
+        if self._btrfs is None:
+            self._btrfs = {}
+            fs_root = self.sys_root / "fs" / "btrfs"
+            for fs_id in _entries(fs_root):
+                members = tuple(_entries(fs_root / fs_id / "devices"))
+                for member in members:
+                    self._btrfs[member] = members
+        return tuple(m for m in self._btrfs.get(name, ()) if m != name)
+
+    def aliased_disks(self, number: Number) -> tuple[str, ...]:
+        """The block devices a character device reaches: for a SCSI generic
+        or bsg node, the disks of its SCSI device; for an NVMe generic node,
+        its namespace; for an NVMe controller, every namespace of it."""
+        return self._once(("alias", number), lambda: self._aliased_disks(number))
+
+    def _aliased_disks(self, number: Number) -> tuple[str, ...]:
+        char = self.sys_root / "dev" / "char" / f"{number[0]}:{number[1]}"
+        try:
+            here = Path(os.path.realpath(char, strict=True))
+        except (OSError, ValueError):
+            return ()
+        link = _link(here / "subsystem")
+        kind = Path(link).name if link else ""
+        if kind not in _ALIAS_CLASSES:
+            return ()
+        if kind in ("scsi_generic", "bsg"):
+            names = _entries(here / "device" / "block")
+        elif kind == "nvme":
+            names = [n for n in _entries(here) if _NVME_DISK.fullmatch(n)]
+        else:
+            names = self._nvme_namespace(here)
+        disks = []
+        for name in names:
+            head = self._nvme_head(name)
+            if self.exists(head):
+                disks.append(head)
+        return tuple(dict.fromkeys(disks))
+
+    def _nvme_namespace(self, here: Path) -> list[str]:
+        """ng<A>n<B>: the disk nvme<A>n<B> beside it (its controller's, or the
+        multipath head's in the subsystem) or a path nvme<S>c<A>n<B>."""
+        generic = _NVME_GENERIC.fullmatch(here.name)
+        if generic is None:
+            return []
+        owner, head = generic.groups()
+        found = []
+        for entry in _entries(here / "device"):
+            disk = _NVME_DISK.fullmatch(entry)
+            if disk is None or disk.group(3) != head:
+                continue
+            first, controller, _ = disk.groups()
+            if (controller or first) == owner:
+                found.append(entry)
+        if not found and not (here / "device").exists():
+            found.append(f"nvme{owner}n{head}")  # by name alone
+        return found
+
+    @staticmethod
+    def _nvme_head(name: str) -> str:
+        """A multipath path nvme<S>c<C>n<N> is hidden (no device number): its
+        disk is the head, nvme<S>n<N>. Any other name is itself."""
+        disk = _NVME_DISK.fullmatch(name)
+        if disk is None or disk.group(2) is None:
+            return name
+        return f"nvme{disk.group(1)}n{disk.group(3)}"
+
+
+# --- the rule ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Why:
+    """Why a device is host-used: a phrase that completes "it is ...", and
+    the step it came by, so that the next step can say it plainly."""
+
+    text: str
+    partition: tuple[str, str] | None = None  # a disk used through its partition: (it, why)
+    above: tuple[str, str] | None = None  # used through a device stacked on it: (it, why)
+
+    def of_disk(self, part: str) -> _Why:
+        return _Why(f"the whole disk of {part}, which is {self.text}", partition=(part, self.text))
+
+    def of_partition(self, disk: str, part: str) -> _Why:
+        if self.partition is not None and self.partition[0] != part:
+            neighbour, why = self.partition
+            return _Why(f"on the same disk as {neighbour}, which is {why}")
+        return _Why(f"a partition of {disk}, which is {self.text}")
+
+    def below(self, holder: str) -> _Why:
+        return _Why(f"under {holder}, which is {self.text}", above=(holder, self.text))
+
+    def on_top(self, lower: str, holder: str) -> _Why:
+        if self.above is not None and self.above[0] != holder:
+            other, why = self.above
+            return _Why(f"sharing {lower} with {other}, which is {why}")
+        return _Why(f"on top of {lower}, which is {self.text}")
+
+    def member(self, other: str) -> _Why:
+        return _Why(f"in a btrfs filesystem with {other}, which is {self.text}")
+
+
+class HostUse:
+    """One look at what the host uses: the direct uses (read once, by the
+    guard) and the block topology (read as questions need it). Ask reason()."""
+
+    def __init__(
+        self,
+        topology: BlockTopology,
+        direct: Mapping[Number, str],
+        direct_names: Mapping[str, str] | None = None,
+    ) -> None:
+        self.topology = topology
+        self.direct = dict(direct)
+        self.direct_names = dict(direct_names or {})
+        self._judged: dict[str, dict[str, _Why]] = {}  # name -> the uses in its group
+        # table order, for going breadth first from the direct uses in it
+        self._rank: dict[Number | str, int] = {
+            key: i for i, key in enumerate([*self.direct, *self.direct_names])
+        }
+
+    def reason(self, device: Device) -> str | None:
+        """Why the host uses this device, or None if it does not."""
+        number = (device.major, device.minor)
+        if device.kind == "b":
+            return self.block_reason(number)
+        if device.kind == "c":
+            for disk in self.topology.aliased_disks(number):
+                why = self.name_reason(disk)
+                if why is not None:
+                    return f"an alias of {disk}, which is {why}"
+        return None
+
+    def is_alias(self, device: Device) -> bool:
+        """A character device that reaches a disk (whether used or not)."""
+        return device.kind == "c" and bool(
+            self.topology.aliased_disks((device.major, device.minor))
+        )
+
+    def block_reason(self, number: Number) -> str | None:
+        name = self.topology.name(number)
+        if name is None:  # not in sysfs: only what the tables say of it
+            return self.direct.get(number)
+        return self.name_reason(name)
+
+    def name_reason(self, name: str) -> str | None:
+        why = self._connected(name)
+        return why.text if why is not None else self._held(name)
+
+    def _connected(self, name: str) -> _Why | None:
+        """Why it is connected to a direct use, if it is. Every relation the
+        rule follows goes both ways, so the devices connected to a direct
+        use are the connected groups of the topology that hold one: find
+        the group this device is in (and only that group: a question costs
+        what its own disks, stacks and filesystems hold), then go breadth
+        first from the direct uses in it, in table order, so each reason is
+        a shortest chain. Each group is judged once per survey."""
+        if name not in self._judged:
+            group = self._group_of(name)
+            direct = {n: why for n in group if (why := self._direct_text(n)) is not None}
+            used = self._spread(direct)
+            for member in group:
+                self._judged[member] = used
+        return self._judged[name].get(name)
+
+    def _neighbours(self, name: str) -> Iterable[str]:
+        topo = self.topology
+        disk = topo.disk(name)
+        return (
+            *((disk,) if disk else ()),
+            *topo.parts(name),
+            *topo.slaves(name),
+            *topo.holders(name),
+            *topo.btrfs_members(name),
+        )
+
+    def _group_of(self, name: str) -> list[str]:
+        seen = {name: None}
+        queue = deque([name])
+        while queue:
+            for other in self._neighbours(queue.popleft()):
+                if other not in seen:
+                    seen[other] = None
+                    queue.append(other)
+        return list(seen)
+
+    def _direct_text(self, name: str) -> str | None:
+        number = self.topology.number(name)
+        why = self.direct.get(number) if number is not None else None
+        return why if why is not None else self.direct_names.get(name)
+
+    def _spread(self, direct: Mapping[str, str]) -> dict[str, _Why]:
+        """Breadth first from these direct uses (name -> why), in table order."""
+
+        def rank(name: str) -> int:
+            number = self.topology.number(name)
+            if number is not None and number in self._rank:
+                return self._rank[number]
+            return self._rank.get(name, len(self._rank))
+
+        topo = self.topology
+        used: dict[str, _Why] = {}
+        queue: deque[str] = deque()
+
+        def visit(name: str, why: _Why) -> None:
+            if name not in used:
+                used[name] = why
+                queue.append(name)
+
+        for name in sorted(direct, key=rank):
+            visit(name, _Why(direct[name]))
+        while queue:
+            name = queue.popleft()
+            why = used[name]
+            disk = topo.disk(name)
+            if disk is not None:
+                visit(disk, why.of_disk(name))
+            for member in topo.parts(name):
+                visit(member, why.of_partition(name, member))
+            for lower in topo.slaves(name):
+                visit(lower, why.below(name))
+            for holder in topo.holders(name):
+                visit(holder, why.on_top(name, holder))
+            for other in topo.btrfs_members(name):
+                visit(other, why.member(name))
+        return used
+
+    def _held(self, name: str) -> str | None:
+        """Held: something is stacked on it, on its whole disk, or on a
+        partition of that disk. Nothing else follows from being held."""
+        topo = self.topology
+
+        def holders(device: str) -> str | None:
+            held = topo.held_by(device)
+            return f"held by {', '.join(held)}" if held else None
+
+        why = holders(name)
+        if why is not None:
+            return why
+        disk = topo.disk(name)
+        if disk is not None:
+            why = holders(disk)
+            if why is not None:
+                return f"a partition of {disk}, which is {why}"
+            for part in topo.parts(disk):
+                why = holders(part) if part != name else None
+                if why is not None:
+                    return f"on the same disk as {part}, which is {why}"
+            return None
+        for part in topo.parts(name):
+            why = holders(part)
+            if why is not None:
+                return f"the whole disk of {part}, which is {why}"
+        return None
+
+
+def direct_use(
+    mountinfo: str | None,
+    swaps: str,
+    dev_root: Path,
+    sys_root: Path,
+) -> dict[Number, str]:
+    """The devices used directly, by number, from the tables' texts
+    (mountinfo None or empty: it could not be read, so sysfs says what is
+    mounted instead)."""
+    # The mount table when we can read it; sysfs when not. (Not both: a
+    # filesystem's sysfs entry outlives its unmount by a moment, and no
+    # event would follow to take the device back.)
+    found = mounted(mountinfo, dev_root) if mountinfo else sysfs_mounted(sys_root)
+    for number, why in swapping(swaps, dev_root).items():
+        found.setdefault(number, why)
+    files = swap_files(swaps)
+    if files:
+        # A swap file names a path we may not be able to follow (the host's
+        # namespace, or a lazily unmounted filesystem that no path reaches),
+        # and it keeps its filesystem alive after an unmount: while one is
+        # active, every filesystem sysfs shows alive counts as used.
+        while_swap = f"while a swap file is active ({', '.join(files)})"
+        for number, fs_type in live_devices(sys_root).items():
+            found.setdefault(
+                number,
+                f"under a live {fs_type} filesystem missing from the mount table, {while_swap}",
+            )
+    return found
 
 
 class HostUseGuard:
@@ -181,29 +684,37 @@ class HostUseGuard:
     """
 
     def __init__(
-        self, dev_root: Path, sys_root: Path, mountinfo: Path | None, swaps: Path | None
+        self,
+        dev_root: Path,
+        sys_root: Path,
+        mountinfo: Path | None,
+        swaps: Path | None,
+        *,
+        jbd2: Path | None = None,
     ) -> None:
         self.dev_root = dev_root
         self.sys_root = sys_root
         self.mountinfo = mountinfo
         self.swaps = swaps
+        # /proc/fs/jbd2 beside /proc/swaps unless told (not namespaced either)
+        self.jbd2 = jbd2 if jbd2 is not None or swaps is None else swaps.parent / "fs" / "jbd2"
         self.left_out: dict[str, str] = {}  # host path -> why, for devices kept out
+        self.aliases: set[str] = set()  # listed character aliases of disks
 
-    def direct_use(self) -> dict[Number, str]:
-        """Devices mounted or swapped on right now."""
+    def survey(self) -> HostUse:
+        """One look at the host: read the tables now, sysfs as asked."""
         table = read_text(self.mountinfo) if self.mountinfo is not None else None
-        # The mount table when we can read it; sysfs when not. (Not both: a
-        # filesystem's sysfs entry outlives its unmount by a moment, and no
-        # event would follow to take the device back.)
-        found = mounted(table, self.dev_root) if table else sysfs_mounted(self.sys_root)
-        for number, why in swapping(read_text(self.swaps), self.dev_root).items():
-            found.setdefault(number, why)
-        return found
+        direct = direct_use(table, read_text(self.swaps), self.dev_root, self.sys_root)
+        topology = BlockTopology(self.sys_root, self.dev_root)
+        journals = {
+            name: "the external journal (jbd2) of a mounted filesystem"
+            for name in journal_entries(self.jbd2)
+        }  # the entries that are no device's name are looked up and ignored
+        return HostUse(topology, direct, journals)
 
-    def reason(self, device: Device, direct: Mapping[Number, str]) -> str | None:
-        if device.kind != "b":
-            return None
-        return use_reason(self.sys_root, (device.major, device.minor), direct)
+    def reason(self, device: Device, use: HostUse | None = None) -> str | None:
+        """Why the host uses this device, or None (`use`: a survey to ask)."""
+        return (use or self.survey()).reason(device)
 
     def screen(
         self, devices: Iterable[Device], listed: Mapping[str, Device], *, allow: bool
@@ -220,11 +731,15 @@ class HostUseGuard:
         if allow:
             self._forget(self.left_out)
             return screened
-        direct = self.direct_use()
+        use = self.survey()
         back = []
         for path, device in changes.items():
-            why = self.reason(device, direct) if device is not None else None
-            if why is None:
+            why = use.reason(device) if device is not None else None
+            if device is not None and use.is_alias(device):
+                self.aliases.add(path)
+            else:
+                self.aliases.discard(path)
+            if device is None or why is None:
                 if self.left_out.pop(path, None) is not None and device is not None:
                     back.append(path)
                 continue
@@ -250,8 +765,10 @@ def recheck_paths(
     guard: HostUseGuard | None, listed: Mapping[str, Device], subsystems: Iterable[str]
 ) -> set[str]:
     """Paths to probe again after device events: when a block device came,
-    went or changed, holders may have changed, so every listed block device
-    and every device left out for host use is looked at again."""
+    went or changed, holders and partitions may have changed, so every listed
+    block device, every listed character alias of a disk, and every device
+    left out for host use is looked at again."""
     if guard is None or "block" not in set(subsystems):
         return set()
-    return {p for p, d in listed.items() if d.kind == "b"} | set(guard.left_out)
+    again = {p for p, d in listed.items() if d.kind == "b" or p in guard.aliases}
+    return again | set(guard.left_out)

@@ -1,5 +1,6 @@
-"""The host-disk guard over mountinfo texts, /proc/swaps texts and temp sysfs
-trees; and the control-node rule."""
+"""The host-use rule over mountinfo texts, /proc/swaps texts and temp sysfs
+trees laid out as the kernel lays them out (tables of cases); and the
+control-node rule."""
 
 import logging
 import os
@@ -11,12 +12,16 @@ import pytest
 from powerdev.config import ResourceConfig
 from powerdev.devices.discovery import control_allowed, discover, is_control_node
 from powerdev.devices.inuse import (
+    BlockTopology,
+    HostUse,
     HostUseGuard,
+    direct_use,
     mounted,
+    recheck_paths,
+    swap_files,
     swapping,
     sysfs_mounted,
     unescape,
-    use_reason,
 )
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
@@ -37,43 +42,128 @@ Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority
 /dev/dm-1                               partition\t8388604\t\t0\t\t-2
 /var/swap\\040file                       file\t\t1024\t\t0\t\t-3
 """
+NO_SWAPS = "Filename Type Size Used Priority\n"
 
 
-def sysfs(root: Path, disks: dict[str, dict]) -> Path:
-    """A sysfs tree: /sys/dev/block/M:m links to device directories with
-    holders/, slaves/, and partitions (directories with a `partition` file)."""
-    devices = root / "devices" / "virtual" / "block"
-    links = root / "dev" / "block"
-    links.mkdir(parents=True, exist_ok=True)
-
-    def make(directory: Path, name: str, spec: dict, partition: bool) -> None:
-        directory.mkdir(parents=True)
-        (directory / "dev").write_text(spec["dev"] + "\n")
+def add_device(root: Path, where: str, name: str, dev: str | None, kind: str = "block", **spec):
+    """One device directory under root/devices/<where>/<name>, as sysfs has
+    it: `dev`, `subsystem`, and /sys/dev/<kind>/M:m (and, for block devices,
+    /sys/class/block/<name>) linking to it. Block devices have holders/ and
+    slaves/ (names), `partition` for partitions, dm/uuid for dm maps,
+    loop/backing_file for bound loop devices; `device` links to a parent."""
+    directory = root / "devices" / where / name
+    directory.mkdir(parents=True)
+    subsystem = spec.get("subsystem", "block")
+    (root / "class" / subsystem).mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(root / "class" / subsystem, directory), directory / "subsystem")
+    if dev is not None:
+        (directory / "dev").write_text(dev + "\n")
+        links = root / "dev" / kind
+        links.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(directory, links), links / dev)
+    if subsystem == "block":
+        own = root / "class" / "block" / name
+        os.symlink(os.path.relpath(directory, own.parent), own)
         for sub in ("holders", "slaves"):
             (directory / sub).mkdir()
             for other in spec.get(sub, ()):
-                (directory / sub / other).symlink_to(devices / other)
-        if partition:
-            (directory / "partition").write_text("1\n")
-        os.symlink(os.path.relpath(directory, links), links / spec["dev"])
-        for part, part_spec in spec.get("parts", {}).items():
-            make(directory / part, part, part_spec, True)
+                (directory / sub / other).symlink_to(root / "class" / "block" / other)
+    if spec.get("partition"):
+        (directory / "partition").write_text("1\n")
+    if "uuid" in spec:
+        (directory / "dm").mkdir()
+        (directory / "dm" / "uuid").write_text(spec["uuid"] + "\n")
+    if "backing" in spec:
+        (directory / "loop").mkdir()
+        (directory / "loop" / "backing_file").write_text(spec["backing"] + "\n")
+    if "device" in spec:
+        os.symlink(
+            os.path.relpath(root / "devices" / spec["device"], directory), directory / "device"
+        )
+    return directory
 
+
+def sysfs(root: Path, disks: dict[str, dict]) -> Path:
+    """Block devices under root/devices/virtual/block: disks, with their
+    partitions ("parts") inside them, as the kernel nests them."""
     for name, spec in disks.items():
-        make(devices / name, name, spec, False)
+        spec = dict(spec)
+        parts = spec.pop("parts", {})
+        add_device(root, "virtual/block", name, spec.pop("dev"), **spec)
+        for part, part_spec in parts.items():
+            part_spec = dict(part_spec)
+            add_device(
+                root,
+                f"virtual/block/{name}",
+                part,
+                part_spec.pop("dev"),
+                partition=True,
+                **part_spec,
+            )
     return root
 
 
+def btrfs(root: Path, fs_id: str, members: list[str]) -> None:
+    devices = root / "fs" / "btrfs" / fs_id / "devices"
+    devices.mkdir(parents=True)
+    for member in members:
+        (devices / member).symlink_to(root / "class" / "block" / member)
+
+
 TREE = {
-    "sda": {"dev": "8:0", "parts": {"sda1": {"dev": "8:1"}, "sda2": {"dev": "8:2"}}},
-    "sdb": {"dev": "8:16"},
-    "sdc": {"dev": "8:32", "parts": {"sdc1": {"dev": "8:33", "holders": ["dm-0"]}}},
+    # the boot disk: sda1 is /boot, sda2 a PReP partition, sda3 the root VG's PV
+    "sda": {
+        "dev": "8:0",
+        "parts": {
+            "sda1": {"dev": "8:1"},
+            "sda2": {"dev": "8:2"},
+            "sda3": {"dev": "8:3", "holders": ["dm-0", "dm-1"]},
+        },
+    },
+    "dm-0": {"dev": "253:0", "slaves": ["sda3"], "uuid": "LVM-root"},  # mounted at /
+    "dm-1": {"dev": "253:1", "slaves": ["sda3"], "uuid": "LVM-data"},  # an LV nobody mounts
+    "sdb": {"dev": "8:16"},  # mounted whole
+    # a disk whose first partition is the only PV of a VG nobody mounts
+    "sdc": {
+        "dev": "8:32",
+        "parts": {"sdc1": {"dev": "8:33", "holders": ["dm-2"]}, "sdc2": {"dev": "8:34"}},
+    },
+    "dm-2": {"dev": "253:2", "slaves": ["sdc1"], "uuid": "LVM-pods"},
+    # a multipath map over two legs, partitioned by kpartx, nothing mounted
     "sdd": {"dev": "8:48", "holders": ["dm-3"]},
-    "sde": {"dev": "8:64", "parts": {"sde1": {"dev": "8:65"}}},
-    "dm-0": {"dev": "253:0", "slaves": ["sdc1"]},
-    "dm-3": {"dev": "253:3", "slaves": ["sdd"]},
-    "dm-4": {"dev": "253:4"},
+    "sde": {"dev": "8:64", "holders": ["dm-3"]},
+    "dm-3": {
+        "dev": "253:3",
+        "slaves": ["sdd", "sde"],
+        "holders": ["dm-4", "dm-5"],
+        "uuid": "mpath-3600a",
+    },
+    "dm-4": {"dev": "253:4", "slaves": ["dm-3"], "uuid": "part1-mpath-3600a"},
+    "dm-5": {"dev": "253:5", "slaves": ["dm-3"], "uuid": "part2-mpath-3600a"},
+    # an md member partition
+    "sdf": {
+        "dev": "8:80",
+        "parts": {"sdf1": {"dev": "8:81", "holders": ["md0"]}, "sdf2": {"dev": "8:82"}},
+    },
+    "md0": {"dev": "9:0", "slaves": ["sdf1"]},
+    # loop devices over a free disk, over the mounted sdb, and over a file
+    "sdg": {"dev": "8:96"},
+    "loop0": {"dev": "7:0", "backing": "/dev/sdg"},
+    "loop1": {"dev": "7:1", "backing": "/dev/sdb"},
+    "loop2": {"dev": "7:2", "backing": "/var/lib/images/disk.img (deleted)"},
+    "loop3": {"dev": "7:3"},  # not bound: no loop/ directory
+    # a two-device btrfs, mounted by sdh
+    "sdh": {"dev": "8:112"},
+    "sdi": {"dev": "8:128"},
+    "sdj": {"dev": "8:144"},  # free
 }
+DIRECT = {**mounted(MOUNTINFO, Path("/nonexistent")), (8, 112): "mounted at /data"}
+
+
+def tree(tmp_path: Path) -> Path:
+    root = sysfs(tmp_path / "sys", TREE)
+    btrfs(root, "0b1c-uuid", ["sdh", "sdi"])
+    return root
 
 
 def test_unescape_octal_fields():
@@ -89,10 +179,12 @@ def test_mounted_devices_by_number():
     }  # anonymous numbers (0:N) never count; an unknown source is not guessed
 
 
-def test_swap_partitions_count_and_swap_files_do_not(tmp_path):
+def test_swap_partitions_count_and_swap_files_are_named(tmp_path):
     # /dev/dm-1 is not a block node under this dev root: nothing to look up
     assert swapping(SWAPS, tmp_path) == {}
-    assert swapping("Filename Type Size Used Priority\n", tmp_path) == {}
+    assert swapping(NO_SWAPS, tmp_path) == {}
+    assert swap_files(SWAPS) == ["/var/swap file"]
+    assert swap_files(NO_SWAPS) == []
 
 
 @pytest.mark.parametrize(
@@ -100,21 +192,235 @@ def test_swap_partitions_count_and_swap_files_do_not(tmp_path):
     [
         ((253, 0), "mounted at /"),  # the root filesystem on dm
         ((8, 1), "mounted at /boot"),
-        ((8, 0), "its partition sda1 is in use (mounted at /boot)"),  # the boot disk
-        ((8, 2), None),  # a free partition of that disk
-        ((8, 33), "held by dm-0"),  # beneath the mounted dm-0
-        ((8, 32), "its partition sdc1 is in use (held by dm-0)"),
+        ((8, 0), "the whole disk of sda1, which is mounted at /boot"),  # the boot disk
+        ((8, 2), "on the same disk as sda1, which is mounted at /boot"),  # its PReP
+        ((8, 3), "under dm-0, which is mounted at /"),  # the root VG's PV
+        ((253, 1), "sharing sda3 with dm-0, which is mounted at /"),  # another LV there
+        ((8, 16), "mounted at /mnt/with space"),
+        ((7, 1), "on top of sdb, which is mounted at /mnt/with space"),  # a loop over it
+        ((8, 33), "held by dm-2"),  # a PV
+        ((8, 32), "the whole disk of sdc1, which is held by dm-2"),
+        ((8, 34), "on the same disk as sdc1, which is held by dm-2"),
+        ((253, 2), None),  # the LV itself, unmounted
         ((8, 48), "held by dm-3"),  # a multipath leg
-        ((253, 3), None),  # the multipath map itself, unmounted
-        ((253, 4), None),
-        ((8, 64), None),
+        ((253, 3), None),  # the multipath map: held only by its own partition maps
+        ((253, 4), None),  # its partitions, unmounted
+        ((253, 5), None),
+        ((8, 81), "held by md0"),
+        ((8, 80), "the whole disk of sdf1, which is held by md0"),
+        ((8, 82), "on the same disk as sdf1, which is held by md0"),
+        ((9, 0), None),  # the array, unmounted
+        ((8, 96), "held by loop0"),  # a loop device's backing device
+        ((7, 0), None),
+        ((7, 2), None),  # a loop device over a file
+        ((7, 3), None),
+        ((8, 112), "mounted at /data"),
+        ((8, 128), "in a btrfs filesystem with sdh, which is mounted at /data"),
+        ((8, 144), None),
         ((9, 9), None),  # nothing in sysfs
     ],
 )
-def test_use_reason(tmp_path, number, why):
-    sys_root = sysfs(tmp_path / "sys", TREE)
-    direct = mounted(MOUNTINFO, tmp_path)
-    assert use_reason(sys_root, number, direct) == why
+def test_the_rule(tmp_path, number, why):
+    use = HostUse(BlockTopology(tree(tmp_path), tmp_path / "dev"), DIRECT)
+    assert use.block_reason(number) == why
+
+
+@pytest.mark.parametrize(
+    ("number", "why"),
+    [
+        ((253, 4), "mounted at /srv"),
+        ((253, 3), "the whole disk of dm-4, which is mounted at /srv"),
+        ((253, 5), "on the same disk as dm-4, which is mounted at /srv"),  # kpartx neighbours
+        ((8, 48), "under dm-3, which is the whole disk of dm-4, which is mounted at /srv"),
+    ],
+)
+def test_a_mounted_kpartx_partition_keeps_its_multipath_disk_and_neighbours(tmp_path, number, why):
+    use = HostUse(BlockTopology(tree(tmp_path), tmp_path / "dev"), {(253, 4): "mounted at /srv"})
+    assert use.block_reason(number) == why
+
+
+def test_a_topology_reads_each_entry_once_and_only_what_it_needs(tmp_path, monkeypatch):
+    from powerdev.devices import inuse
+
+    sys_root = tree(tmp_path)
+    touched: list[str] = []
+
+    def spy(real):
+        def call(path, *args, **kwargs):
+            touched.append(f"{real.__name__} {path}")
+            return real(path, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(inuse, "open", spy(open), raising=False)
+    for name in ("listdir", "stat", "readlink"):
+        monkeypatch.setattr(inuse.os, name, spy(getattr(os, name)))
+    use = HostUse(BlockTopology(sys_root, tmp_path / "dev"), {(8, 16): "mounted at /x"})
+    for _ in range(3):
+        assert use.block_reason((8, 144)) is None
+        assert use.block_reason((8, 16)) == "mounted at /x"
+        assert use.block_reason((7, 1)) == "on top of sdb, which is mounted at /x"
+    assert len(touched) == len(set(touched))  # each entry at most once
+    devices = set()
+    for entry in touched:
+        path = Path(entry.split(" ", 1)[1])
+        if not path.is_relative_to(sys_root):
+            continue  # /dev/sdg, the node a backing file names
+        parts = path.relative_to(sys_root).parts
+        if parts[:2] == ("class", "block"):
+            devices.add(parts[2])
+        elif parts[:3] == ("devices", "virtual", "block") and len(parts) > 3:
+            devices.add(parts[3])
+    # sdj, sdb and loop1 (asked about); every loop device's backing file, and
+    # whether sdg, which one names, exists: no other disk, stack or filesystem
+    assert devices == {"sdb", "sdj", "loop0", "loop1", "loop2", "loop3", "sdg"}
+
+
+def test_unreadable_or_odd_sysfs_entries_are_skipped(tmp_path):
+    root = sysfs(tmp_path / "sys", {"sdx": {"dev": "8:0"}, "loop9": {"dev": "7:9", "backing": ""}})
+    (root / "class" / "block" / "sdx" / "dev").write_text("garbage\n")
+    (root / "dev" / "block" / "8:99").symlink_to("nowhere")
+    (root / "class" / "block" / "sdx" / "holders").rmdir()
+    (root / "class" / "block" / "sdx" / "holders").write_text("not a directory")
+    use = HostUse(BlockTopology(root, tmp_path / "dev"), {(8, 0): "mounted at /"})
+    assert use.block_reason((8, 0)) == "mounted at /"
+    assert use.block_reason((8, 99)) is None
+    assert use.block_reason((7, 9)) is None
+
+
+# --- character aliases of disks ----------------------------------------------------
+
+
+def alias_tree(root: Path) -> Path:
+    """A SCSI disk with its sg and bsg nodes; an NVMe controller with two
+    namespaces and their generic nodes; a multipath NVMe subsystem whose
+    head disk is nvme1n1, reached through controller nvme2's hidden path
+    nvme1c2n1 and its generic node ng2n1."""
+    scsi = "pci0000:00/0000:00:01.0/host0/target0:0:0/0:0:0:0"
+    (root / "devices" / scsi).mkdir(parents=True)
+    add_device(root, f"{scsi}/block", "sdx", "8:240")
+    add_device(root, f"{scsi}/block/sdx", "sdx1", "8:241", partition=True)
+    add_device(
+        root, f"{scsi}/scsi_generic", "sg0", "21:0", "char", subsystem="scsi_generic", device=scsi
+    )
+    add_device(root, f"{scsi}/bsg", "0:0:0:0", "248:0", "char", subsystem="bsg", device=scsi)
+    ctrl = "pci0000:00/0000:00:02.0/nvme/nvme0"
+    add_device(root, "pci0000:00/0000:00:02.0/nvme", "nvme0", "240:0", "char", subsystem="nvme")
+    add_device(root, ctrl, "nvme0n1", "259:0")
+    add_device(root, f"{ctrl}/nvme0n1", "nvme0n1p1", "259:1", partition=True)
+    add_device(root, ctrl, "nvme0n2", "259:2")
+    add_device(root, ctrl, "ng0n1", "238:0", "char", subsystem="nvme-generic", device=ctrl)
+    add_device(root, ctrl, "ng0n2", "238:1", "char", subsystem="nvme-generic", device=ctrl)
+    subsys = "virtual/nvme-subsystem/nvme-subsys1"
+    (root / "devices" / subsys).mkdir(parents=True)
+    add_device(root, subsys, "nvme1n1", "259:3")
+    add_device(root, subsys, "ng1n1", "238:2", "char", subsystem="nvme-generic", device=subsys)
+    ctrl2 = "pci0000:00/0000:00:03.0/nvme/nvme2"
+    add_device(root, "pci0000:00/0000:00:03.0/nvme", "nvme2", "240:1", "char", subsystem="nvme")
+    add_device(root, ctrl2, "nvme1c2n1", None)  # hidden: no device number
+    add_device(root, ctrl2, "ng2n1", "238:3", "char", subsystem="nvme-generic", device=ctrl2)
+    add_device(root, "virtual/mem", "null", "1:3", "char", subsystem="mem")
+    return root
+
+
+def char(path, major, minor):
+    return Device(path.removeprefix("/dev/").replace("/", "."), path, "c", major, minor)
+
+
+SG0, BSG = char("/dev/sg0", 21, 0), char("/dev/bsg/0:0:0:0", 248, 0)
+NVME0, NG0N1, NG0N2 = (
+    char("/dev/nvme0", 240, 0),
+    char("/dev/ng0n1", 238, 0),
+    char("/dev/ng0n2", 238, 1),
+)
+NVME2, NG1N1, NG2N1 = (
+    char("/dev/nvme2", 240, 1),
+    char("/dev/ng1n1", 238, 2),
+    char("/dev/ng2n1", 238, 3),
+)
+NULL = char("/dev/null", 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("direct", "device", "why"),
+    [
+        (
+            {(8, 241): "mounted at /boot"},
+            SG0,
+            "an alias of sdx, which is the whole disk of sdx1, which is mounted at /boot",
+        ),
+        (
+            {(8, 241): "mounted at /boot"},
+            BSG,
+            "an alias of sdx, which is the whole disk of sdx1, which is mounted at /boot",
+        ),
+        ({}, SG0, None),
+        ({}, BSG, None),
+        (
+            {(259, 1): "mounted at /var"},
+            NG0N1,
+            "an alias of nvme0n1, which is the whole disk of nvme0n1p1, which is mounted at /var",
+        ),
+        ({(259, 1): "mounted at /var"}, NG0N2, None),  # another namespace
+        (
+            {(259, 1): "mounted at /var"},
+            NVME0,  # the controller reaches every namespace
+            "an alias of nvme0n1, which is the whole disk of nvme0n1p1, which is mounted at /var",
+        ),
+        ({(259, 2): "active swap"}, NVME0, "an alias of nvme0n2, which is active swap"),
+        ({(259, 3): "mounted at /mp"}, NG1N1, "an alias of nvme1n1, which is mounted at /mp"),
+        ({(259, 3): "mounted at /mp"}, NG2N1, "an alias of nvme1n1, which is mounted at /mp"),
+        ({(259, 3): "mounted at /mp"}, NVME2, "an alias of nvme1n1, which is mounted at /mp"),
+        ({(259, 3): "mounted at /mp"}, NG0N1, None),
+        ({(1, 3): "mounted at /"}, NULL, None),  # not an alias class
+        ({(8, 241): "mounted at /"}, char("/dev/sg9", 21, 9), None),  # not in sysfs
+    ],
+)
+def test_character_aliases_are_host_used_with_their_disk(tmp_path, direct, device, why):
+    use = HostUse(BlockTopology(alias_tree(tmp_path / "sys"), tmp_path / "dev"), direct)
+    assert use.reason(device) == why
+
+
+@needs_root
+def test_patterns_that_reach_a_host_disk_through_an_alias_are_screened(tmp_path):
+    sys_root = alias_tree(tmp_path / "sys")
+    dev = tmp_path / "dev"
+    nodes = {
+        "sg0": (21, 0),
+        "bsg/0:0:0:0": (248, 0),
+        "ng0n1": (238, 0),
+        "ng0n2": (238, 1),
+        "nvme0": (240, 0),
+        "ng1n1": (238, 2),
+        "ng2n1": (238, 3),
+    }
+    for name, (major, minor) in nodes.items():
+        (dev / name).parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(dev / name, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+    os.mknod(dev / "sdx1", stat.S_IFBLK | 0o600, os.makedev(8, 241))
+    (tmp_path / "mountinfo").write_text("30 29 8:241 / /boot rw - xfs /dev/sdx1 rw\n")
+    (tmp_path / "swaps").write_text(NO_SWAPS)
+    guard = HostUseGuard(dev, sys_root, tmp_path / "mountinfo", tmp_path / "swaps")
+    resource = ResourceConfig(include=("/dev/sg*", "/dev/bsg/*", "/dev/ng*", "/dev/nvme*"))
+    tracker = Tracker(resource, Inventory(), dev, sys_root, guard=guard)
+    kept = guard.screen(discover(resource, dev, sys_root), {}, allow=False)
+    assert sorted(d.path for d in kept) == [
+        "/dev/ng0n1",
+        "/dev/ng0n2",
+        "/dev/ng1n1",
+        "/dev/ng2n1",
+        "/dev/nvme0",
+    ]
+    assert guard.left_out == {
+        "/dev/sg0": "an alias of sdx, which is the whole disk of sdx1, which is mounted at /boot",
+        "/dev/bsg/0:0:0:0": "an alias of sdx, which is the whole disk of sdx1, "
+        "which is mounted at /boot",
+    }
+    # the aliases listed are looked at again when a block device changes
+    listed = {d.path: d for d in kept}
+    assert recheck_paths(guard, listed, ["block"]) == set(listed) | set(guard.left_out)
+    assert recheck_paths(guard, listed, ["misc"]) == set()
+    assert tracker.guard is guard
 
 
 def block(path, major, minor, healthy=True):
@@ -136,7 +442,7 @@ def test_devices_in_use_are_left_out_and_logged(tmp_path, caplog):
     assert [d.path for d in kept] == ["/dev/dm-4"]
     assert guard.left_out == {
         "/dev/dm-0": "mounted at /",
-        "/dev/sda": "its partition sda1 is in use (mounted at /boot)",
+        "/dev/sda": "the whole disk of sda1, which is mounted at /boot",
     }
     assert "/dev/dm-0 left out: the host uses it (mounted at /)" in caplog.text
     caplog.clear()
@@ -151,7 +457,7 @@ def test_a_resource_may_allow_devices_in_use(tmp_path):
     assert guard.screen(found, {}, allow=True) == found
 
 
-def test_character_devices_are_never_judged(tmp_path):
+def test_character_devices_that_reach_no_disk_are_not_judged(tmp_path):
     guard = guard_for(tmp_path)
     nx = Device("crypto.nx-gzip", "/dev/crypto/nx-gzip", "c", 253, 0)  # same numbers as dm-0
     assert guard.screen([nx], {}, allow=False) == [nx]
@@ -170,10 +476,10 @@ def test_listed_device_the_host_starts_using_turns_unhealthy_then_back(tmp_path)
 
 def test_a_device_left_out_comes_back_when_the_host_lets_go(tmp_path):
     guard = guard_for(tmp_path)
-    sdb = block("/dev/sdb", 8, 16)
-    assert guard.screen([sdb], {}, allow=False) == []
+    root = block("/dev/dm-0", 253, 0)
+    assert guard.screen([root], {}, allow=False) == []
     (tmp_path / "mountinfo").write_text("")
-    assert guard.screen([sdb], {}, allow=False) == [sdb]
+    assert guard.screen([root], {}, allow=False) == [root]
     assert guard.left_out == {}
 
 
@@ -241,6 +547,15 @@ def test_sources_and_swap_partitions_are_looked_up_under_the_dev_root(tmp_path):
     }
     # the btrfs line has an anonymous number; its source names the device
     assert mounted(MOUNTINFO, dev)[(8, 80)] == "mounted at /var/lib/my data"
+    # XFS names its external log and realtime device in its super options
+    os.mknod(dev / "xlog", stat.S_IFBLK | 0o600, os.makedev(8, 96))
+    os.mknod(dev / "xrt", stat.S_IFBLK | 0o600, os.makedev(8, 112))
+    xfs = "40 29 8:80 / /x rw - xfs /dev/nowhere rw,logdev=/dev/xlog,rtdev=/dev/xrt,noquota\n"
+    assert mounted(xfs, dev) == {
+        (8, 80): "mounted at /x",
+        (8, 96): "the external log of the xfs filesystem mounted at /x",
+        (8, 112): "the realtime device of the xfs filesystem mounted at /x",
+    }
 
 
 def test_mounted_filesystems_are_seen_in_sysfs_alone(tmp_path):
@@ -260,3 +575,91 @@ def test_mounted_filesystems_are_seen_in_sysfs_alone(tmp_path):
     }
     guard = HostUseGuard(tmp_path / "dev", sys_root, None, None)
     assert guard.screen([block("/dev/dm-2", 253, 2)], {}, allow=False) == []
+
+
+def live_ext4(tmp_path: Path) -> Path:
+    """A sysfs tree with one live ext4 filesystem, on sdj (8:144)."""
+    sys_root = tree(tmp_path)
+    (sys_root / "fs" / "ext4" / "features").mkdir(parents=True)
+    (sys_root / "fs" / "ext4" / "sdj").mkdir()
+    return sys_root
+
+
+def test_while_a_swap_file_is_active_every_live_filesystem_counts(tmp_path):
+    sys_root = live_ext4(tmp_path)
+    # no swap file: the mount table alone says what is mounted
+    assert (8, 144) not in direct_use(MOUNTINFO, NO_SWAPS, tmp_path / "dev", sys_root)
+    found = direct_use(MOUNTINFO, SWAPS, tmp_path / "dev", sys_root)
+    assert found[(8, 144)] == (
+        "under a live ext4 filesystem missing from the mount table, "
+        "while a swap file is active (/var/swap file)"
+    )
+    assert found[(8, 16)] == "mounted at /mnt/with space"  # the table still says it first
+
+
+def test_the_guard_reads_swap_files_and_external_journals(tmp_path):
+    guard = guard_for(tmp_path, swaps_text=SWAPS)
+    live_ext4_root = guard.sys_root
+    (live_ext4_root / "fs" / "ext4" / "sdj").mkdir(parents=True)
+    jbd2 = tmp_path / "fs" / "jbd2"  # beside the swaps file, as /proc/fs/jbd2 is
+    for entry in ("sdi", "sda1-8", "dm-0-8"):
+        (jbd2 / entry).mkdir(parents=True)
+    found = [block("/dev/sdi", 8, 128), block("/dev/sdj", 8, 144), block("/dev/dm-4", 253, 4)]
+    assert guard.screen(found, {}, allow=False) == [block("/dev/dm-4", 253, 4)]
+    assert guard.left_out["/dev/sdi"] == "the external journal (jbd2) of a mounted filesystem"
+    assert guard.left_out["/dev/sdj"].startswith("under a live ext4 filesystem")
+
+
+def test_scan_and_the_daemon_give_the_same_reasons(tmp_path):
+    from powerdev import scan
+    from tests.conftest import config_for
+
+    guard = guard_for(tmp_path)
+    dev = make_dev_tree(tmp_path / "dev", ["sg0"])
+    config = config_for('{"include-devices": ["/dev/sg0"]}')
+    # sg0 is a link to /dev/null here: no disk behind it, so it is advertised
+    (report,) = scan.scan(config, dev, guard.sys_root, None, guard)
+    assert [d.path for d in report.advertised] == ["/dev/sg0"]
+    assert report.left_out == []
+
+
+async def test_a_filesystem_alive_after_its_unmount_is_looked_at_again(tmp_path):
+    """While a swap file is active, a filesystem that is alive but in no
+    mount table keeps a device out; when it goes (its teardown after an
+    unmount ends), nothing flags it, so the event source looks again."""
+    import trio
+
+    from powerdev.devices.hostuse_events import HostUseEvents
+    from powerdev.devices.uevents import RESCAN
+
+    sys_root = live_ext4(tmp_path)  # sdj's ext4 is alive, and not in the table
+    (tmp_path / "mountinfo").write_text(MOUNTINFO)
+    (tmp_path / "swaps").write_text(SWAPS)
+    with (
+        HostUseEvents(
+            tmp_path / "dev",
+            tmp_path / "mountinfo",
+            tmp_path / "swaps",
+            sys_root=sys_root,
+            settle=(0.01, 0.04),
+        ) as events,
+        trio.fail_after(10),
+    ):
+        before = events.used
+        assert "alive 8:144" in before
+        (sys_root / "fs" / "ext4" / "sdj").rmdir()  # the filesystem is gone
+        assert await events.next_batch() == RESCAN
+        assert events.used == before - {"alive 8:144"}
+
+
+def test_no_timer_without_a_swap_file(tmp_path):
+    from powerdev.devices.hostuse_events import HostUseEvents
+
+    sys_root = live_ext4(tmp_path)
+    (tmp_path / "mountinfo").write_text(MOUNTINFO)
+    (tmp_path / "swaps").write_text(NO_SWAPS)
+    with HostUseEvents(
+        tmp_path / "dev", tmp_path / "mountinfo", tmp_path / "swaps", sys_root=sys_root
+    ) as events:
+        assert events._lingering == frozenset()  # so the wait has no timeout
+        assert events.in_use() == frozenset({(253, 0), (8, 1), (8, 16)})
