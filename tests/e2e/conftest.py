@@ -18,6 +18,12 @@ from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubeapi import Api
 
 NEEDED = (*kit.CONTROL_PLANE, "kubectl")
+# Names the API server resolves to 127.0.0.1: the webhook's Service, for the
+# webhook's URL (see test_webhook_e2e.py).
+LOOPBACK_NAMES = (
+    "power-dev-webhook.power-device-plugin.svc",
+    "power-dev-webhook.power-device-plugin.svc.cluster.local",
+)
 
 
 def require_tools(names: tuple[str, ...], env: dict[str, str] | None = None) -> dict[str, Path]:
@@ -52,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     tools = require_tools(NEEDED)
     root = tmp_path_factory.mktemp("cp")
-    with controlplane.in_thread(root, tools) as plane:
+    with controlplane.in_thread(root, tools, hosts=LOOPBACK_NAMES) as plane:
         yield plane
 
 
