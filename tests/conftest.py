@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,12 +40,12 @@ def tmp_path():
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod and real kernel devices")
 
 
-def require(found: Path | None, missing: str) -> Path:
+def require(found: Path | None, missing: str, env: Mapping[str, str] | None = None) -> Path:
     """`found`; if None, the test skips with `missing` (one line that names
     the command that builds the kit), or fails when $CI is "true": CI builds
     the kit first and must never skip a check against the real thing."""
     if found is None:
-        if os.environ.get("CI") == "true":
+        if (os.environ if env is None else env).get("CI") == "true":
             pytest.fail(f"CI=true: {missing}", pytrace=False)
         pytest.skip(missing)
     return found

@@ -19,17 +19,18 @@ def test_the_variable_is_looked_at_first_then_the_kits_build(tmp_path, monkeypat
     (tmp_path / "bin").mkdir()
     built = executable(tmp_path / "bin" / "tool")
     monkeypatch.setenv(TOOL.env, str(named))
-    assert TOOL.find(tmp_path / "bin") == named
-    named.chmod(0o644)  # named but not executable: the kit's build
-    assert TOOL.find(tmp_path / "bin") == built
+    assert TOOL.find(kit_bin=tmp_path / "bin") == named
+    named.chmod(0o644)  # named but not executable: reported, not hidden by the kit's build
+    assert TOOL.find(kit_bin=tmp_path / "bin") is None
+    assert TOOL.where() == f"${TOOL.env}={named} is not an executable file"
     monkeypatch.delenv(TOOL.env)
-    assert TOOL.find(tmp_path / "bin") == built
+    assert TOOL.find(kit_bin=tmp_path / "bin") == built
     built.chmod(0o644)
-    assert TOOL.find(tmp_path / "bin") is None
+    assert TOOL.find(kit_bin=tmp_path / "bin") is None
 
 
 def test_the_kit_lives_in_this_checkouts_conformance_bin():
-    root = kit.KIT_BIN.parents[1]
+    root = kit.ROOT
     assert (root / "conformance" / "build").is_file()
     assert (root / "conformance" / "go.mod").is_file()
     assert {kit.DMHARNESS.name, kit.CDICHECK.name} == {"dmharness", "cdicheck"}
