@@ -40,6 +40,7 @@ from powerdev.reload import Reloader
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
 from powerdev.status import StatusFile
+from powerdev.watching import Inotify
 
 log = logging.getLogger(__name__)
 SWAPS = Path("/proc/swaps")  # swap is not namespaced: a pod's file lists the host's
@@ -129,17 +130,18 @@ async def run(
     for warning in config.warnings:
         log.warning("%s", warning)
     with contextlib.ExitStack() as stack:
+        inotify = stack.enter_context(Inotify())  # the daemon's one instance
         dirs = None
         if events is not None:
             sources = [events]
         else:
-            dirs = stack.enter_context(DirEvents(settings.dev_root, []))
+            dirs = stack.enter_context(DirEvents(settings.dev_root, [], inotify))
             host_use = stack.enter_context(
                 HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
             )
             sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
         async with asyncio_door(), trio.open_nursery() as nursery:
-            running = Running(settings, nursery, sources, dirs)
+            running = Running(settings, nursery, sources, dirs, inotify)
             stack.enter_context(metrics.serving(running.plugins, running.status))
             metrics.config_loaded()
             # The sources are live before the first scan: nothing falls between them.
@@ -159,7 +161,7 @@ async def run(
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
             if settings.config_path is not None:
-                reloader = Reloader(settings, running, loaded=config.raw)
+                reloader = Reloader(settings, running, loaded=config.raw, inotify=inotify)
                 await nursery.start(reloader.run)
             async with trio.open_nursery() as starting:  # side by side: one may wait long
                 for plugin in plugins:
@@ -178,8 +180,10 @@ class Running:
         nursery: trio.Nursery,
         sources: list[EventSource],
         dirs: DirEvents | None,
+        inotify: Inotify | None = None,
     ) -> None:
         self.settings = settings
+        self._inotify = inotify
         self.plugins: list[Plugin] = []  # shared with every follower of device events
         self._nursery = nursery
         self._sources = sources
@@ -315,7 +319,15 @@ class Running:
             async with trio.open_nursery() as resource:
                 resource.start_soon(_keep_spec, writer, plugin, self.settings.cdi_recheck_interval)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
-                await resource.start(serve_resource, self.settings.plugin_dir, plugin, self.status)
+                await resource.start(
+                    partial(
+                        serve_resource,
+                        self.settings.plugin_dir,
+                        plugin,
+                        self.status,
+                        inotify=self._inotify,
+                    )
+                )
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
         # Here only when a reload removed it (its scope cancelled), perhaps

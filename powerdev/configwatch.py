@@ -16,7 +16,7 @@ from pathlib import Path
 import trio
 from inotify_simple import flags as F
 
-from powerdev.watching import Watcher
+from powerdev.watching import Inotify, Watcher
 
 log = logging.getLogger(__name__)
 _MASK = F.CREATE | F.CLOSE_WRITE | F.MOVED_TO | F.MOVED_FROM | F.DELETE | F.ATTRIB
@@ -25,8 +25,8 @@ _MASK = F.CREATE | F.CLOSE_WRITE | F.MOVED_TO | F.MOVED_FROM | F.DELETE | F.ATTR
 class ConfigWatch:
     """Use as a context manager; wait_for_change() returns after a change."""
 
-    def __init__(self, config_path: Path) -> None:
-        self._watcher = Watcher()
+    def __init__(self, config_path: Path, inotify: Inotify | None = None) -> None:
+        self._watcher = Watcher(inotify)
         self.watching = False
         try:
             self._watcher.add(config_path.parent, _MASK)

@@ -32,6 +32,7 @@ from powerdev.rpc import (
     serve,
 )
 from powerdev.status import StatusFile
+from powerdev.watching import Inotify
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,11 @@ async def serve_resource(
     plugin: Plugin,
     status: StatusFile | None = None,
     *,
+    inotify: Inotify | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The re-registration loop for one resource; started() when first serving."""
+    """The re-registration loop for one resource; started() when first serving.
+    Its watch of the plugin directory is a view of `inotify`, the daemon's one."""
     status = status or StatusFile(None)
     socket_path = plugin_dir / plugin.resource.socket
 
@@ -68,7 +71,7 @@ async def serve_resource(
     errors = Backoff(*ERROR_BACKOFF)
     while True:
         try:
-            with PluginDirWatch(plugin_dir, plugin.resource.socket) as watch:
+            with PluginDirWatch(plugin_dir, plugin.resource.socket, inotify) as watch:
                 await _registrations(plugin, watch, socket_path, serving, report)
         except* DirectoryGone as group:
             metrics.next_registration(plugin.resource.name, "plugin_dir_removed")

@@ -32,6 +32,7 @@ from powerdev.config import (
 )
 from powerdev.configwatch import ConfigWatch
 from powerdev.plugin import Plugin
+from powerdev.watching import Inotify
 
 if TYPE_CHECKING:
     from powerdev.app import Settings
@@ -57,9 +58,15 @@ class Resources(Protocol):
 
 class Reloader:
     def __init__(
-        self, settings: Settings, running: Resources, *, loaded: bytes | None = None
+        self,
+        settings: Settings,
+        running: Resources,
+        *,
+        loaded: bytes | None = None,
+        inotify: Inotify | None = None,
     ) -> None:
         assert settings.config_path is not None
+        self._inotify = inotify
         self.config_path = settings.config_path
         self.settings = settings
         self.running = running
@@ -68,7 +75,7 @@ class Reloader:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with (
-            ConfigWatch(self.config_path) as watch,
+            ConfigWatch(self.config_path, self._inotify) as watch,
             trio.open_signal_receiver(signal.SIGHUP) as hangups,
         ):
             task_status.started()

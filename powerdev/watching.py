@@ -1,37 +1,126 @@
-"""An inotify descriptor that Trio waits on: the one piece under every watch
-in powerdev (the plugin directory, device directories, the config directory)."""
+"""inotify for Trio: one instance for the whole daemon, shared by every
+watch in powerdev (the plugin directory of each resource, the device
+directories, the config directory).
+
+The kernel gives root 128 inotify instances for the whole host, shared with
+systemd and the kubelet, so the daemon opens one (`Inotify`) and hands out
+views of it (`Watcher`), each with its own watches and its own queue of
+events. Two views may watch one directory: the kernel then has one watch
+whose mask is the union, and each view gets only the events it asked for.
+Nobody polls: one task at a time waits for the descriptor to be readable,
+and whoever reads it hands every event to its views.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import trio
 from inotify_simple import Event, INotify
+from inotify_simple import flags as F
+
+_ALWAYS = F.IGNORED | F.Q_OVERFLOW  # delivered whatever the mask
 
 
-class Watcher:
-    """Use as a context manager; closing tells Trio first, so no task is left
-    waiting on a closed descriptor."""
+class Inotify:
+    """One inotify descriptor and the views that share it. Use as a context
+    manager; closing tells Trio first, so no task is left waiting on it."""
 
     def __init__(self) -> None:
         self._inotify = INotify()
+        self._masks: dict[int, dict[Watcher, int]] = {}  # wd -> view -> its mask
+        self._reading = False  # a task waits for the descriptor
+        self._read = trio.Event()  # set after each read: the views may have events
+
+    def watcher(self) -> Watcher:
+        return Watcher(self)
+
+    def add(self, view: Watcher, path: Path, mask: int) -> int:
+        wd = self._inotify.add_watch(path, mask | F.MASK_ADD)
+        self._masks.setdefault(wd, {})[view] = mask
+        return wd
+
+    def remove(self, view: Watcher, wd: int) -> None:
+        views = self._masks.get(wd, {})
+        views.pop(view, None)
+        if not views:
+            self._masks.pop(wd, None)
+            try:
+                self._inotify.rm_watch(wd)
+            except OSError:
+                pass  # already gone with its directory
+
+    def read_now(self) -> None:
+        """Hand every event queued now to the views that asked for it."""
+        for event in self._inotify.read(timeout=0):
+            if event.mask & F.Q_OVERFLOW:  # not about one watch: everyone lost events
+                for views in self._masks.values():
+                    for view in views:
+                        view.queue.append(event)
+                continue
+            for view, mask in list(self._masks.get(event.wd, {}).items()):
+                if event.mask & (mask | _ALWAYS):
+                    view.queue.append(event)
+            if event.mask & F.IGNORED:  # the kernel dropped the watch
+                self._masks.pop(event.wd, None)
+        self._read.set()
+        self._read = trio.Event()
+
+    async def wait_for(self, view: Watcher) -> None:
+        """Return once `view` has events; one task waits on the descriptor
+        for everyone, and another takes over if it is cancelled."""
+        while not view.queue:
+            if self._reading:
+                await self._read.wait()
+                continue
+            self._reading = True
+            try:
+                await trio.lowlevel.wait_readable(self._inotify.fileno())
+                self.read_now()
+            finally:
+                self._reading = False
+                self._read.set()  # wake the others: one of them waits next
+                self._read = trio.Event()
+
+    def __enter__(self) -> Inotify:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        trio.lowlevel.notify_closing(self._inotify.fileno())
+        self._inotify.close()
+
+
+class Watcher:
+    """One view of an Inotify: its watches and the events on them. Use as a
+    context manager; leaving removes its watches (those nobody else shares).
+    Made without an Inotify, it opens its own (for tools and tests)."""
+
+    def __init__(self, inotify: Inotify | None = None) -> None:
+        self._own = inotify is None
+        self._inotify = inotify if inotify is not None else Inotify()
+        self.queue: deque[Event] = deque()
+        self._wds: set[int] = set()
 
     def add(self, path: Path, mask: int) -> int:
-        return self._inotify.add_watch(path, mask)
+        wd = self._inotify.add(self, path, mask)
+        self._wds.add(wd)
+        return wd
 
     def remove(self, wd: int) -> None:
-        try:
-            self._inotify.rm_watch(wd)
-        except OSError:
-            pass  # already gone with its directory
+        self._wds.discard(wd)
+        self._inotify.remove(self, wd)
 
     def ready(self) -> list[Event]:
         """The events queued now, without waiting (maybe none)."""
-        return self._inotify.read(timeout=0)
+        self._inotify.read_now()
+        events = list(self.queue)
+        self.queue.clear()
+        return events
 
     async def wait(self) -> None:
         """Return once events are queued."""
-        await trio.lowlevel.wait_readable(self._inotify.fileno())
+        await self._inotify.wait_for(self)
 
     async def events(self) -> list[Event]:
         """Wait until events are queued, then take them all."""
@@ -42,5 +131,7 @@ class Watcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        trio.lowlevel.notify_closing(self._inotify.fileno())
-        self._inotify.close()
+        for wd in list(self._wds):
+            self.remove(wd)
+        if self._own:
+            self._inotify.__exit__()

@@ -24,7 +24,7 @@ from powerdev.devices.discovery import matches, to_local
 from powerdev.devices.model import HOST_DEV
 from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
-from powerdev.watching import Watcher
+from powerdev.watching import Inotify, Watcher
 
 log = logging.getLogger(__name__)
 _NEW = F.CREATE | F.MOVED_TO
@@ -48,8 +48,10 @@ class DirEvents:
     """Use as a context manager; next_batch() and ready_batch() like the
     netlink source. `watch(levels)` sets the directory patterns to follow."""
 
-    def __init__(self, dev_root: Path, levels: Iterable[str] = ()) -> None:
-        self._watcher = Watcher()
+    def __init__(
+        self, dev_root: Path, levels: Iterable[str] = (), inotify: Inotify | None = None
+    ) -> None:
+        self._watcher = Watcher(inotify)
         self._dev_root = dev_root
         self._levels: list[str] = []
         self._dirs: dict[int, str] = {}  # watch descriptor -> host directory

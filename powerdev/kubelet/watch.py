@@ -12,7 +12,7 @@ from pathlib import Path
 from inotify_simple import flags as F
 
 from powerdev.kubelet.paths import KUBELET_SOCKET
-from powerdev.watching import Watcher
+from powerdev.watching import Inotify, Watcher
 
 _MASK = F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.DELETE_SELF | F.MOVE_SELF
 _GONE = F.DELETE | F.MOVED_FROM
@@ -25,11 +25,11 @@ class DirectoryGone(Exception):
 
 
 class PluginDirWatch:
-    def __init__(self, plugin_dir: Path, socket_name: str) -> None:
+    def __init__(self, plugin_dir: Path, socket_name: str, inotify: Inotify | None = None) -> None:
         plugin_dir.mkdir(parents=True, exist_ok=True)
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name
-        self._watcher = Watcher()
+        self._watcher = Watcher(inotify)
         try:
             self._watcher.add(plugin_dir, _MASK)
         except BaseException:

@@ -142,3 +142,34 @@ async def test_a_resource_removed_while_it_still_waits_to_serve_takes_nothing_do
                 assert daemon.proc.returncode is None
                 assert daemon.lines("Traceback") == []
                 assert await daemon.terminate() == 0
+
+
+def inotify_instances(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+
+
+async def test_the_daemon_holds_one_inotify_instance_whatever_it_watches(tmp_path):
+    # Root shares 128 instances with systemd and the kubelet: three resources,
+    # their plugin directory, the device directories and the config's
+    # directory all go through one.
+    dev = tmp_path / "dev"
+    make_nodes(dev / "pool", ["a0", "b0", "c0"])
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    volume.write(
+        resources=[
+            {"name": f"example.com/{x}", "include-devices": [f"/dev/pool/{x}*"]}
+            for x in ("a", "b", "c")
+        ]
+    )
+    with trio.fail_after(LIMIT):
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, _),
+            spawn(tmp_path, volume.path, dev) as daemon,
+        ):
+            await kubelet.wait_until(lambda k: len(k.resources) == 3)
+            assert inotify_instances(daemon.proc.pid) == 1
+            volume.write(resources=[{"name": "example.com/d", "include-devices": ["/dev/x/*"]}])
+            await kubelet.wait_until(lambda k: "example.com/d" in k.resources)
+            assert inotify_instances(daemon.proc.pid) == 1
+            assert await daemon.terminate() == 0

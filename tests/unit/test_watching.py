@@ -1,0 +1,71 @@
+"""One inotify instance, many views: each view gets the events it asked
+for, on its own queue; views share the kernel's watch of one directory; one
+task waits on the descriptor for all, and another takes over if it leaves."""
+
+import trio
+import trio.testing
+from inotify_simple import flags as F
+
+from powerdev.watching import Inotify
+
+LIMIT = 10
+
+
+def names(events):
+    return [(e.name, e.mask & ~F.ISDIR) for e in events]
+
+
+async def test_two_views_of_one_directory_get_each_their_own_events(tmp_path):
+    with trio.fail_after(LIMIT), Inotify() as inotify:
+        with inotify.watcher() as creates, inotify.watcher() as deletes:
+            assert creates.add(tmp_path, F.CREATE) == deletes.add(tmp_path, F.DELETE)
+            (tmp_path / "a").write_text("")
+            (tmp_path / "a").unlink()
+            assert names(await creates.events()) == [("a", F.CREATE)]
+            assert names(await deletes.events()) == [("a", F.DELETE)]
+        with inotify.watcher() as later:  # the others left: their watch went with them
+            later.add(tmp_path, F.DELETE)
+            (tmp_path / "b").write_text("")
+            (tmp_path / "b").unlink()
+            assert names(await later.events()) == [("b", F.DELETE)]
+
+
+async def test_a_view_that_leaves_keeps_a_shared_watch_for_the_other(tmp_path):
+    with trio.fail_after(LIMIT), Inotify() as inotify, inotify.watcher() as stays:
+        stays.add(tmp_path, F.CREATE)
+        with inotify.watcher() as goes:
+            goes.add(tmp_path, F.CREATE)
+        (tmp_path / "c").write_text("")
+        assert names(await stays.events()) == [("c", F.CREATE)]
+
+
+async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_other(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    with trio.fail_after(LIMIT), Inotify() as inotify:
+        with inotify.watcher() as a, inotify.watcher() as b:
+            a.add(one, F.CREATE)
+            b.add(two, F.CREATE)
+            got = {}
+            async with trio.open_nursery() as nursery:
+
+                async def wait(name, view):
+                    got[name] = names(await view.events())
+
+                first = trio.CancelScope()
+
+                async def wait_then_leave():
+                    with first, inotify.watcher() as idle:
+                        await idle.wait()
+
+                nursery.start_soon(wait_then_leave)  # the first to wait on the descriptor
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(wait, "a", a)
+                nursery.start_soon(wait, "b", b)
+                await trio.testing.wait_all_tasks_blocked()
+                first.cancel()  # it leaves; a or b waits on the descriptor from now on
+                await trio.testing.wait_all_tasks_blocked()
+                (two / "x").write_text("")
+                (one / "y").write_text("")
+            assert got == {"a": [("y", F.CREATE)], "b": [("x", F.CREATE)]}
