@@ -108,3 +108,30 @@ def registered(count: int, capacity: int | None = None):
         )
 
     return check
+
+
+class ConfigMapVolume:
+    """A directory laid out and updated the way the kubelet does it."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir()
+        self.root = root
+        self.generation = 0
+
+    @property
+    def path(self) -> Path:
+        return self.root / "config.json"
+
+    def write(self, **fields: object) -> None:
+        self.generation += 1
+        data = self.root / f"..2026_11_29_{self.generation:04d}"
+        data.mkdir()
+        (data / "config.json").write_text(json.dumps(fields))
+        (self.root / "..data_tmp").symlink_to(data.name)
+        os.rename(self.root / "..data_tmp", self.root / "..data")  # the atomic swap
+        if not self.path.is_symlink():
+            self.path.symlink_to("..data/config.json")
+        for old in self.root.glob("..2026_*"):
+            if old != data:
+                (old / "config.json").unlink()
+                old.rmdir()
