@@ -137,7 +137,7 @@ def start_lines(settings: Any, config: Any, events: str) -> list[str]:
     metrics port; then each resource's socket and every effective setting."""
     from powerdev.opsserver import bound_address
 
-    source = config.source if config.raw is not None else f"{config.source} (missing: defaults)"
+    source = config.source  # says "(missing: defaults)" itself when the file is missing
     watched = (
         "" if events == "caller" else " + inotify on the device directories + host mount changes"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from powerdev import logformat, metrics, oplog
 from powerdev.app import Settings
-from powerdev.config import parse_config
+from powerdev.config import load_config, parse_config
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.plugin import Plugin
@@ -94,11 +95,10 @@ def test_the_start_lines_name_version_sources_port_socket_and_every_setting():
         "discovery-strategy time, scan-interval 600s, upper-limit 4, "
         "allow-host-used-devices false, cdi false, allocation all"
     )
-    defaults = parse_config("{}", source="/etc/x.json")
-    assert (
-        "config /etc/x.json (missing: defaults)"
-        in oplog.start_lines(Settings(), defaults, "off")[0]
-    )
+    missing = Path(tempfile.mkdtemp()) / "x.json"
+    first = oplog.start_lines(Settings(), load_config(missing), "off")[0]
+    assert f"config {missing} (missing: defaults);" in first  # said once
+    assert first.count("missing: defaults") == 1
 
 
 def test_refusals_are_logged_in_a_burst_then_one_per_period_with_a_count():

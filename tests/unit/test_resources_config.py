@@ -194,6 +194,7 @@ def test_a_device_can_belong_to_one_resource_only(a, b, clash):
             "NUL",
         ),
         ({"name": "1vendor.io/lun", "cdi": True}, "name", "starts with a letter"),
+        ({"name": "a.io/x", "include-devices": ["/dev/../etc/*"]}, "include-devices[0]", "/dev"),
         (
             {"name": "a.io/x", "include-devices": ["/dev/" + "*a" * 2046]},
             "include-devices[0]",
