@@ -361,6 +361,8 @@ def _scan(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"powerdev: bad config: {err}", file=sys.stderr)
         return 2
+    for warning in config.warnings:  # what `powerdev run` logs at start, said the same way
+        print(f"powerdev: warning: {warning}", file=sys.stderr)
     guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
     reports = scan.scan(config, args.dev_root, args.sys_root, Pyudev(), guard)
     print(scan.as_json(reports) if args.json else scan.as_text(reports))

@@ -732,18 +732,13 @@ def load_config(
         raw = read_config_bytes(path)
         text = decode_config(raw, str(path))
     except FileNotFoundError:
-        text = ""
         source = f"{path} (missing: defaults)"
-        missing = (
-            f"{path} does not exist: using the defaults, as the seed does. They advertise "
-            "every block device of the host (disks, partitions, dm-*; not loop, ram or "
-            "zram) except those the host mounts, swaps on or holds; write a config.json "
-            'with "include-devices" to choose'
-        )
         config = parse_config(
-            text, source=source, resource_name=resource_name, socket_name=socket_name
+            "", source=source, resource_name=resource_name, socket_name=socket_name
         )
-        return replace(config, warnings=(missing, *config.warnings))
+        return replace(
+            config, warnings=(_defaults_warning(f"{path} does not exist"), *config.warnings)
+        )
     except IsADirectoryError:
         raise ConfigError(
             str(path), None, "is a directory", "point --config at the config.json file inside it"
@@ -755,7 +750,17 @@ def load_config(
     else:
         source = str(path)
     config = parse_config(text, source=source, resource_name=resource_name, socket_name=socket_name)
+    if not text.strip():
+        config = replace(config, warnings=(_defaults_warning(f"{path} is empty"), *config.warnings))
     return replace(config, raw=raw)
+
+
+def _defaults_warning(why: str) -> str:
+    return (
+        f"{why}: using the defaults, as the seed does. They advertise every block device "
+        "of the host (disks, partitions, dm-*; not loop, ram or zram) except those the host "
+        'mounts, swaps on or holds; write a config.json with "include-devices" to choose'
+    )
 
 
 def read_config_bytes(path: Path) -> bytes:

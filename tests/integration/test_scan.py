@@ -125,3 +125,23 @@ async def test_powerdev_local_shows_several_resources(tmp_path):
     assert "kubelet: registered power-dev-plugin/lun" in text
     assert "a pod asking for power-dev-plugin/acc: 1 gets unit acc0 and 1 device node:" in text
     assert "a pod asking for power-dev-plugin/lun: 1 gets unit lun0 and 1 device node:" in text
+
+
+def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):
+    make_dev_tree(tmp_path / "dev", ["acc0"])
+    config = {"include-devices": ["/dev/acc*"], "permisions_typo_far_away": 1}
+    done = scan(tmp_path, config)
+    assert done.returncode == 0
+    assert "powerdev: warning: " in done.stderr
+    assert "field 'permisions_typo_far_away' is not known and is ignored" in done.stderr
+    (tmp_path / "config.json").write_text(" \n")
+    empty = subprocess.run(
+        [sys.executable, "-m", "powerdev", "scan", "--config", str(tmp_path / "config.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert empty.returncode == 0
+    assert "config.json is empty: using the defaults" in empty.stderr
+    assert "They advertise every block device of the host" in empty.stderr
