@@ -137,7 +137,9 @@ async def run(
         else:
             dirs = stack.enter_context(DirEvents(settings.dev_root, [], inotify))
             host_use = stack.enter_context(
-                HostUseEvents(settings.dev_root, settings.mountinfo, SWAPS)
+                HostUseEvents(
+                    settings.dev_root, settings.mountinfo, SWAPS, sys_root=settings.sys_root
+                )
             )
             sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
         async with asyncio_door(), trio.open_nursery() as nursery:
@@ -190,7 +192,10 @@ class Running:
         self._dirs = dirs
         self.status = StatusFile(settings.status_file)
         self._scopes: dict[str, trio.CancelScope] = {}
+        # One writer per CDI spec file, kept while the file may name a held
+        # device: a resource removed and added again gets the same one back.
         self._writers: dict[str, SpecWriter] = {}
+        self._retiring: dict[str, trio.CancelScope] = {}
         self._applied = trio.Event()
         self._unheld: str | None = None  # why the kubelet could not say what pods hold
 
@@ -241,18 +246,20 @@ class Running:
         log.info("%s: a new resource in the config: serving it", resource.name)
         await self.start(await self.prepare(resource), wait=False)
 
-    def remove(self, plugin: Plugin) -> None:
+    def remove(self, plugin: Plugin, *, coming_back: bool = False) -> None:
+        """Stop serving it. Its CDI spec stays with its writer: for the same
+        resource served anew (`coming_back`: a new socket), or until no pod
+        holds what it names."""
         name = plugin.resource.name
         log.info("%s: gone from the config: stopping it and removing its socket", name)
         self.plugins.remove(plugin)
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()
-        writer = self._writers.pop(name, None)
-        if writer is not None:  # its CDI spec goes once no pod holds what it names
-            self._nursery.start_soon(
-                _retire_spec, writer, plugin.resource, self.settings.cdi_recheck_interval
-            )
+        writer = self._writers.get(name)
+        if writer is not None and not coming_back:
+            self._retiring[name] = scope = trio.CancelScope()
+            self._nursery.start_soon(self._retire_spec, writer, plugin.resource, scope)
         self.status.forget(name)
         self._watch()
 
@@ -279,6 +286,25 @@ class Running:
                 metrics.events_received(source, batch)
                 _apply(batch, self.plugins, self._nursery)
 
+    async def _retire_spec(
+        self, writer: SpecWriter, resource: ResourceConfig, scope: trio.CancelScope
+    ) -> None:
+        """A resource gone from the config: its spec shrinks to what pods
+        still hold, asked every cdi_recheck_interval, and goes when that is
+        nothing; unless the resource comes back first (scope cancelled)."""
+        with scope:
+            while True:
+                try:
+                    await writer.recheck(resource, None)
+                except SpecWriteError as err:
+                    log.error("%s: %s", resource.name, err)
+                if not writer.keeps:
+                    break
+                await trio.sleep(self.settings.cdi_recheck_interval)
+        if self._retiring.get(resource.name) is scope:  # done, and not taken back
+            del self._retiring[resource.name]
+            del self._writers[resource.name]
+
     async def held_ids(self) -> dict[str, set[str]] | None:
         """Resource name -> device IDs pods hold, from the kubelet; None when
         it cannot be asked (said once, and once again when it answers)."""
@@ -287,7 +313,9 @@ class Running:
             return None
         try:
             held = await held_ids(socket)
-        except PodResourcesUnavailable as err:
+        except Exception as err:  # whatever the kubelet or grpclib does, "cannot say" is safe
+            if not isinstance(err, PodResourcesUnavailable):
+                err = PodResourcesUnavailable(f"{socket}: {type(err).__name__}: {err}")
             if self._unheld is None:
                 log.warning(
                     "cannot ask the kubelet which devices pods hold (%s): CDI specs keep "
@@ -308,8 +336,14 @@ class Running:
     async def _serve(
         self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        writer = SpecWriter(self.settings.cdi_spec_dir, plugin.resource.name, self.held_ids)
-        self._writers[plugin.resource.name] = writer
+        name = plugin.resource.name
+        retiring = self._retiring.pop(name, None)
+        if retiring is not None:  # back in the config before its old spec went
+            retiring.cancel()
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = SpecWriter(self.settings.cdi_spec_dir, name, self.held_ids)
+            self._writers[name] = writer
         plugin.prepare = partial(_write_spec, writer, plugin)
         scope = self._scopes.get(plugin.resource.name)
         if scope is None or plugin not in self.plugins:
@@ -384,19 +418,6 @@ async def _keep_spec(writer: SpecWriter, plugin: Plugin, interval: float) -> Non
                 await writer.ensure(plugin.resource, snapshot)
         except SpecWriteError as err:
             log.error("%s: %s; Allocate will try again", plugin.resource.name, err)
-
-
-async def _retire_spec(writer: SpecWriter, resource: ResourceConfig, interval: float) -> None:
-    """A resource gone from the config: its spec shrinks to what pods still
-    hold, asked every `interval` seconds, and goes when that is nothing."""
-    while True:
-        try:
-            await writer.recheck(resource, None)
-        except SpecWriteError as err:
-            log.error("%s: %s", resource.name, err)
-        if not writer.keeps:
-            return
-        await trio.sleep(interval)
 
 
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:

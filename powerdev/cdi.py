@@ -133,8 +133,6 @@ class SpecWriter:
         self.path = spec_dir / cdi_spec_file(resource_name)
         self._resource_name = resource_name
         self._held_ids = held_ids
-        self._held: set[str] | None = None  # this resource's held IDs, as last asked; None: unknown
-        self._asked = 0  # how many times the kubelet was asked
         self._entries: dict[str, list[dict[str, object]]] | None = None  # the file's; None: unread
         self._kept: set[str] = set()  # names the file holds only because a pod may hold them
         self._done: tuple[object, ...] | None = None  # what the file was last made from
@@ -149,58 +147,62 @@ class SpecWriter:
         """The file holds this snapshot's healthy devices (none when CDI is off
         or the resource is gone: snapshot None), and every device written
         before that may still be held. Returns once that is so: Allocate
-        waits on it. SpecWriteError when the directory refuses."""
-        key = (resource, snapshot.version if snapshot is not None else None, self._asked)
+        waits on it. Nothing is dropped here: only recheck() does that, with an
+        answer from the kubelet asked after the devices left the list.
+        SpecWriteError when the directory refuses."""
+        key = (resource, snapshot.version if snapshot is not None else None)
         if key == self._done:
             return
         async with self._lock:
-            if key == self._done:
-                return
-            stale = False
-            if self._entries is None:
-                self._entries, stale = await trio.to_thread.run_sync(_read_entries, self.path)
-            current = {}
-            if resource.cdi and snapshot is not None:
-                current = _entries(resource, snapshot.devices)
-            kept = {
-                name: nodes
-                for name, nodes in self._entries.items()
-                if name not in current and self._may_be_held(resource, name)
-            }
-            merged = current | kept
-            if merged != self._entries or stale:
-                if merged:
-                    data = json.dumps(_spec(resource.name, merged), indent=1).encode()
-                    try:
-                        with trio.CancelScope(shield=True):  # the thread runs to the end anyway
-                            await trio.to_thread.run_sync(write_atomically, self.path, data)
-                    except OSError as err:
-                        raise SpecWriteError(self.path, err) from None
-                else:
-                    self._remove()
-                self._entries = merged
-            self._log_kept(set(kept))
-            self._done = key
+            if key != self._done:
+                await self._write(resource, snapshot, None)
+                self._done = key
 
     async def recheck(self, resource: ResourceConfig, snapshot: Snapshot | None) -> None:
-        """Ask the kubelet what pods hold now, then write what that allows."""
+        """Ask the kubelet what pods hold now, then write what that allows:
+        devices no pod holds are dropped."""
+        held = None
         if self._held_ids is not None:
-            held = await self._held_ids()
-            self._held = None if held is None else held.get(self._resource_name, set())
-            self._asked += 1
-        await self.ensure(resource, snapshot)
+            answer = await self._held_ids()
+            held = None if answer is None else answer.get(self._resource_name, set())
+        async with self._lock:
+            await self._write(resource, snapshot, held)
+            self._done = (resource, snapshot.version if snapshot is not None else None)
 
-    def _may_be_held(self, resource: ResourceConfig, name: str) -> bool:
-        if self._held is None:
-            return True
-        if resource.allocation == "each":
-            return name in {device_name(i) for i in self._held}
-        return bool(self._held)
+    async def _write(
+        self, resource: ResourceConfig, snapshot: Snapshot | None, held: set[str] | None
+    ) -> None:
+        """Under the lock: current devices, plus those written before that
+        `held` (None: unknown, so all) says a pod may hold."""
+        stale = False
+        if self._entries is None:
+            self._entries, stale = await trio.to_thread.run_sync(_read_entries, self.path)
+        current = {}
+        if resource.cdi and snapshot is not None:
+            current = _entries(resource, snapshot.devices)
+        kept = {
+            name: nodes
+            for name, nodes in self._entries.items()
+            if name not in current and _may_be_held(resource, name, held)
+        }
+        merged = current | kept
+        if merged != self._entries or stale:
+            if merged:
+                data = json.dumps(_spec(resource.name, merged), indent=1).encode()
+                try:
+                    with trio.CancelScope(shield=True):  # the thread runs to the end anyway
+                        await trio.to_thread.run_sync(write_atomically, self.path, data)
+                except OSError as err:
+                    raise SpecWriteError(self.path, err) from None
+            else:
+                self._remove()
+            self._entries = merged
+        self._log_kept(set(kept), held)
 
-    def _log_kept(self, kept: set[str]) -> None:
+    def _log_kept(self, kept: set[str], held: set[str] | None) -> None:
         newly, gone = sorted(kept - self._kept), sorted(self._kept - kept)
         if newly:
-            why = "the kubelet cannot say" if self._held is None else "pods hold them"
+            why = "until the kubelet says no pod holds them" if held is None else "pods hold them"
             log.info(
                 "%s: the CDI spec %s keeps %s, which a pod may still be started with (%s)",
                 self._resource_name,
@@ -225,6 +227,16 @@ class SpecWriter:
             pass
         except OSError as err:  # a read-only or vanished directory: never a crash
             log.warning("could not remove the CDI spec %s: %s", self.path, err.strerror)
+
+
+def _may_be_held(resource: ResourceConfig, name: str, held: set[str] | None) -> bool:
+    """Could a pod hold the device of this CDI name? `held`: the resource's
+    device IDs some pod holds, as the kubelet just said; None: unknown."""
+    if held is None:
+        return True
+    if resource.allocation == "each":
+        return name in {device_name(i) for i in held}
+    return bool(held)  # "all": each holder was answered with every device
 
 
 def _entries(

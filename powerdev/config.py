@@ -633,20 +633,19 @@ def cdi_spec_file(resource_name: str) -> str:
 
 
 def _check_spec_files(resources: list[ResourceConfig], source: str) -> None:
-    """Two CDI resources must not write one spec file (a-b/c and a/b-c would)."""
+    """Two resources must not map to one CDI spec file (a-b/c and a/b-c would):
+    one with CDI off still keeps and then removes the file it wrote before."""
     seen: dict[str, int] = {}
     for i, resource in enumerate(resources):
-        if not resource.cdi:
-            continue
         name = cdi_spec_file(resource.name)
         if name in seen:
             other = resources[seen[name]].name
             raise ConfigError(
                 source,
                 f"resources[{i}].name",
-                f"{resource.name!r} and resources[{seen[name]}] ({other!r}) would both "
-                f"write the CDI spec file {name}",
-                "rename one of them, or turn cdi off for one",
+                f"{resource.name!r} and resources[{seen[name]}] ({other!r}) map to one CDI "
+                f"spec file, {name}",
+                "rename one of them",
             )
         seen[name] = i
 

@@ -51,7 +51,7 @@ class Resources(Protocol):
 
     async def add(self, resource: ResourceConfig) -> None: ...
 
-    def remove(self, plugin: Plugin) -> None: ...
+    def remove(self, plugin: Plugin, *, coming_back: bool = False) -> None: ...
 
     def changed(self) -> None: ...
 
@@ -161,7 +161,8 @@ class Reloader:
         for plugin in list(self.running.plugins):
             resource = wanted.get(plugin.resource.name)
             if resource is None or resource.socket != plugin.resource.socket:
-                self.running.remove(plugin)  # a new socket: served anew below
+                # A new socket: served anew below, with the same CDI spec.
+                self.running.remove(plugin, coming_back=resource is not None)
         serving = {p.resource.name: p for p in self.running.plugins}
         for name, resource in wanted.items():
             plugin = serving.get(name)

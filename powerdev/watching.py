@@ -30,11 +30,8 @@ class Inotify:
     def __init__(self) -> None:
         self._inotify = INotify()
         self._masks: dict[int, dict[Watcher, int]] = {}  # wd -> view -> its mask
-        self._reading = False  # a task waits for the descriptor
+        self._reader: trio.CancelScope | None = None  # the task waiting for the descriptor
         self._read = trio.Event()  # set after each read: the views may have events
-
-    def watcher(self) -> Watcher:
-        return Watcher(self)
 
     def add(self, view: Watcher, path: Path, mask: int) -> int:
         wd = self._inotify.add_watch(path, mask | F.MASK_ADD)
@@ -64,6 +61,11 @@ class Inotify:
                     view.queue.append(event)
             if event.mask & F.IGNORED:  # the kernel dropped the watch
                 self._masks.pop(event.wd, None)
+        # Every waiter looks at its queue again, the one waiting for the
+        # descriptor too: what it waited for may have been read by a view's
+        # ready() in another task, and then the descriptor stays quiet.
+        if self._reader is not None:
+            self._reader.cancel()
         self._read.set()
         self._read = trio.Event()
 
@@ -71,17 +73,20 @@ class Inotify:
         """Return once `view` has events; one task waits on the descriptor
         for everyone, and another takes over if it is cancelled."""
         while not view.queue:
-            if self._reading:
+            if self._reader is not None:
                 await self._read.wait()
                 continue
-            self._reading = True
+            readable = False
             try:
-                await trio.lowlevel.wait_readable(self._inotify.fileno())
-                self.read_now()
+                with trio.CancelScope() as self._reader:
+                    await trio.lowlevel.wait_readable(self._inotify.fileno())
+                    readable = True
             finally:
-                self._reading = False
+                self._reader = None
                 self._read.set()  # wake the others: one of them waits next
                 self._read = trio.Event()
+            if readable:
+                self.read_now()
 
     def __enter__(self) -> Inotify:
         return self

@@ -214,7 +214,7 @@ class StubResources:
     async def add(self, resource):
         self.calls.append(("add", resource))
 
-    def remove(self, plugin):
+    def remove(self, plugin, *, coming_back=False):
         self.calls.append(("remove", plugin))
 
     def changed(self):

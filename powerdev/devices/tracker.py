@@ -170,10 +170,18 @@ class Tracker:
         paths.update(
             recheck_paths(self.guard, self.inventory.by_path, (e.subsystem for e in events))
         )
+        if self._scans:
+            # A rescan under new settings may predate a path that only they
+            # want: probe it again once that rescan is published.
+            later = {
+                p
+                for e in events
+                for p in e.paths
+                if self._wanted is not self.resource and wanted(self._wanted, p, e.subsystem)
+            }
+            self._during_scan |= paths | later
         if not paths:
             return False
-        if self._scans:
-            self._during_scan |= paths
         return self._probe(paths)
 
     def _probe(self, paths: set[str]) -> bool:

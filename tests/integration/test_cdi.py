@@ -10,10 +10,13 @@ from functools import partial
 
 import pytest
 import trio
+from inotify_simple import flags as iflags
 
+from powerdev.config import load_config
 from powerdev.kubelet.cdicheck import inject, validate
 from powerdev.kubelet.kit import CDICHECK
 from powerdev.testing import make_nodes
+from powerdev.watching import Watcher
 from tests.conftest import (
     IS_ROOT,
     config_for,
@@ -224,3 +227,60 @@ async def test_without_the_kubelets_answer_nothing_named_is_forgotten(tmp_path, 
                 await twice.wait()  # asked, refused, and the spec written after that
                 assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_device_is_dropped_only_on_an_answer_asked_after_it_left(tmp_path, cdicheck):
+    """The kubelet said "nothing held" once; later a pod holds a device that
+    then leaves: that old answer must not drop it."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(
+            tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, **QUICK
+        ) as h:
+            await h.kubelet.allocate(h.name, ["dm-0"])
+            os.unlink(dev / "dm-1")
+            await wait_for_file(specs / SPEC, lambda text: '"dm-1"' not in text)  # nobody held it
+            grant = await h.kubelet.allocate(h.name, ["dm-0"])
+            h.kubelet.pods = {"p1": {h.name: ["dm-0"]}}
+            os.unlink(dev / "dm-0")
+            await h.kubelet.wait_until(lambda k: not h.state().devices)
+            asked = h.kubelet.pod_resources_asked
+            await h.kubelet.wait_until(lambda k: k.pod_resources_asked >= asked + 2)
+            assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
+
+
+async def test_a_resource_served_anew_under_another_socket_keeps_its_spec(tmp_path, cdicheck):
+    """A socket rename removes the resource and adds it again under the same
+    name: one spec file, and one writer for it, before and after."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (tmp_path / "etc").mkdir()
+    config_file = tmp_path / "etc" / "config.json"
+
+    def write(socket):
+        resource = {"name": "power-dev-plugin/dev", "socket": socket, **json.loads(CONFIG)}
+        config_file.write_text(json.dumps({"resources": [resource]}))
+
+    write("a.sock")
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(
+            tmp_path,
+            load_config(config_file),
+            dev_root=dev,
+            cdi_spec_dir=specs,
+            config_path=config_file,
+            **QUICK,
+        ) as h:
+            grant = await h.kubelet.allocate(h.name, ["dm-0"])
+            with Watcher() as watcher:
+                watcher.add(specs, iflags.DELETE)
+                write("b.sock")
+                await h.kubelet.wait_until(lambda k: k.resources[h.name].endpoint == "b.sock")
+                await h.kubelet.wait_until(lambda k: k.resources[h.name].updates > 0)
+                assert await h.kubelet.allocate(h.name, ["dm-0"]) == grant
+                # never gone in between, when a restarting container could have asked
+                assert [e.name for e in watcher.ready()] == []
+            assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]

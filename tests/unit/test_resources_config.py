@@ -115,10 +115,10 @@ def resources(*entries):
         (
             resources(
                 {"name": "a-b/c", "socket": "1.sock", "cdi": True, "include-devices": ["/dev/a*"]},
-                {"name": "a/b-c", "socket": "2.sock", "cdi": True, "include-devices": ["/dev/b*"]},
+                {"name": "a/b-c", "socket": "2.sock", "include-devices": ["/dev/b*"]},  # cdi off
             ),
             "'resources[1].name'",
-            "rename one of them, or turn cdi off for one",
+            "map to one CDI spec file, a-b-c.json; rename one of them",
         ),
         (
             resources({"name": "a.io/x", "permisions": "r"}),

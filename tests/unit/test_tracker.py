@@ -3,7 +3,7 @@
 import pytest
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.dirwatch import watch_levels
+from powerdev.devices.dirwatch import INOTIFY, watch_levels
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import DeviceEvent, Tracker, wanted
 from tests.conftest import DirectoryUdev, make_dev_tree
@@ -231,3 +231,29 @@ async def test_new_settings_come_into_force_with_the_list_found_under_them(tmp_p
     assert plugin.resource == new
     (grant,) = plugin.allocate([[plugin.units()[0].id]], refresh=False)
     assert [(g.host_path, g.permissions) for g in grant] == [("/dev/dm-0", "r")]
+
+
+async def test_a_path_only_the_new_settings_want_made_during_their_rescan_is_found(tmp_path):
+    import threading
+
+    import trio
+
+    t, dev = await tracker(tmp_path, ResourceConfig(include=("/dev/dm-*",)), ["dm-0"])
+    release, entered = threading.Event(), threading.Event()
+    real = t._discover
+
+    def held(resource, listed):
+        found = real(resource, listed)  # sees the host before sdz exists
+        entered.set()
+        release.wait(10)
+        return found
+
+    t._discover = held
+    wider = ResourceConfig(include=("/dev/dm-*", "/dev/sd*"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(t.rescan, wider)
+        await trio.to_thread.run_sync(entered.wait, 10)
+        make_dev_tree(dev, ["sdz"])
+        t.apply([DeviceEvent("add", ("/dev/sdz",), INOTIFY)])  # the old settings ignore it
+        release.set()
+    assert listed(t) == {"/dev/dm-0": True, "/dev/sdz": True}

@@ -6,7 +6,7 @@ import trio
 import trio.testing
 from inotify_simple import flags as F
 
-from powerdev.watching import Inotify
+from powerdev.watching import Inotify, Watcher
 
 LIMIT = 10
 
@@ -17,13 +17,13 @@ def names(events):
 
 async def test_two_views_of_one_directory_get_each_their_own_events(tmp_path):
     with trio.fail_after(LIMIT), Inotify() as inotify:
-        with inotify.watcher() as creates, inotify.watcher() as deletes:
+        with Watcher(inotify) as creates, Watcher(inotify) as deletes:
             assert creates.add(tmp_path, F.CREATE) == deletes.add(tmp_path, F.DELETE)
             (tmp_path / "a").write_text("")
             (tmp_path / "a").unlink()
             assert names(await creates.events()) == [("a", F.CREATE)]
             assert names(await deletes.events()) == [("a", F.DELETE)]
-        with inotify.watcher() as later:  # the others left: their watch went with them
+        with Watcher(inotify) as later:  # the others left: their watch went with them
             later.add(tmp_path, F.DELETE)
             (tmp_path / "b").write_text("")
             (tmp_path / "b").unlink()
@@ -31,9 +31,9 @@ async def test_two_views_of_one_directory_get_each_their_own_events(tmp_path):
 
 
 async def test_a_view_that_leaves_keeps_a_shared_watch_for_the_other(tmp_path):
-    with trio.fail_after(LIMIT), Inotify() as inotify, inotify.watcher() as stays:
+    with trio.fail_after(LIMIT), Inotify() as inotify, Watcher(inotify) as stays:
         stays.add(tmp_path, F.CREATE)
-        with inotify.watcher() as goes:
+        with Watcher(inotify) as goes:
             goes.add(tmp_path, F.CREATE)
         (tmp_path / "c").write_text("")
         assert names(await stays.events()) == [("c", F.CREATE)]
@@ -44,7 +44,7 @@ async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_ot
     one.mkdir()
     two.mkdir()
     with trio.fail_after(LIMIT), Inotify() as inotify:
-        with inotify.watcher() as a, inotify.watcher() as b:
+        with Watcher(inotify) as a, Watcher(inotify) as b:
             a.add(one, F.CREATE)
             b.add(two, F.CREATE)
             got = {}
@@ -56,7 +56,7 @@ async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_ot
                 first = trio.CancelScope()
 
                 async def wait_then_leave():
-                    with first, inotify.watcher() as idle:
+                    with first, Watcher(inotify) as idle:
                         await idle.wait()
 
                 nursery.start_soon(wait_then_leave)  # the first to wait on the descriptor
@@ -69,3 +69,26 @@ async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_ot
                 (two / "x").write_text("")
                 (one / "y").write_text("")
             assert got == {"a": [("y", F.CREATE)], "b": [("x", F.CREATE)]}
+
+
+async def test_events_another_view_read_wake_the_view_that_waits_for_the_descriptor(tmp_path):
+    # b waits on the descriptor; a's ready() (an Allocate applying queued
+    # events, say) reads b's event off it: b must still wake.
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    with trio.fail_after(LIMIT), Inotify() as inotify:
+        with Watcher(inotify) as a, Watcher(inotify) as b:
+            a.add(one, F.CREATE)
+            b.add(two, F.CREATE)
+            async with trio.open_nursery() as nursery:
+                got = []
+
+                async def wait_b():
+                    got.extend(names(await b.events()))
+
+                nursery.start_soon(wait_b)
+                await trio.testing.wait_all_tasks_blocked()  # b waits on the descriptor
+                (two / "z").write_text("")
+                assert a.ready() == []  # reads the descriptor: z is b's
+            assert got == [("z", F.CREATE)]
