@@ -232,7 +232,7 @@ async def test_garbage_slow_huge_and_many_requests_neither_block_nor_stop_the_da
                         pass  # the server closed: what it should do
 
             closed: list[int] = []
-            slow = opsserver.MAX_CONNECTIONS + 4  # every slot taken, and more waiting
+            slow = 20  # each held open until the server's deadline cuts it off
             async with trio.open_nursery() as clients:
                 for _ in range(slow):
                     clients.start_soon(slow_client, closed)
@@ -240,7 +240,7 @@ async def test_garbage_slow_huge_and_many_requests_neither_block_nor_stop_the_da
                 # Meanwhile the daemon serves the kubelet as ever...
                 grant = await h.kubelet.allocate(name, ["dm-0"])
                 assert [d.host_path for d in grant.devices] == ["/dev/dm-0"]
-                # ... and a probe gets its answer once the slow ones are cut off.
+                # ... and a probe gets its answer without waiting for them.
                 status, _, _ = await get(port, "/healthz")
                 assert status == 200
             assert len(closed) == slow  # each slow client was closed by the server
