@@ -9,8 +9,8 @@ the daemon hold more than a bounded number of descriptors and bytes:
 - No client ever waits for another: every pending connection is accepted
   (up to ACCEPT_BATCH per wake-up), none waits for a free slot. At most
   connection_limit() stay open; past it, each new connection closes the
-  oldest one from its own address (or, having none, from the address
-  holding the most), whatever it is doing. A probe or a scrape lasts
+  oldest one from its own address if that holds at least its share, else
+  from the address holding the most, whatever it is doing. A probe or a scrape lasts
   milliseconds, so only connections held open on purpose are ever closed.
 - Requests that want the same answer at the same moment share one
   computation of it (OpsApp.respond), so that the loop's work grows with
@@ -202,10 +202,11 @@ def connection_limit() -> int:
 class OpenConnections:
     """The connections open now, oldest first, each with the cancel scope
     that bounds its life. At the limit, a new connection closes the oldest
-    one from its own address, or, when it has none open, the oldest from
-    the address that holds the most: a client holding connections open can
-    only push out its own, never make another wait, and never close a
-    probe's (the kubelet probes from the node's address, one at a time)."""
+    one from its own address if that address holds at least its share (the
+    average per address), else the oldest from the address that holds the
+    most: a client holding connections open can only push out its own,
+    never make another wait, and never close a probe's (the kubelet probes
+    from the node's address, a connection or two at a time)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -234,11 +235,12 @@ class OpenConnections:
                 del self._by_address[entry[0]]
 
     def close_oldest(self, address: str | None = None) -> None:
-        """Close the oldest connection from `address`, or, when it has none,
-        from the address with the most connections open."""
+        """Close the oldest connection from `address` if it holds at least
+        its share, else from the address with the most connections open."""
         if not self._open:
             return
-        if address not in self._by_address:
+        held = len(self._by_address.get(address, ()))  # type: ignore[arg-type]
+        if held == 0 or held * len(self._by_address) < len(self._open):
             address = max(self._by_address, key=lambda a: len(self._by_address[a]))
         stream = next(iter(self._by_address[address]))
         _, scope = self._open[stream]
