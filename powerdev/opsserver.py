@@ -10,8 +10,11 @@ the daemon hold more than a bounded number of descriptors and bytes:
   (up to ACCEPT_BATCH per wake-up), none waits for a free slot. At most
   connection_limit() stay open; past it, each new connection closes the
   oldest one from its own address if that holds at least its share, else
-  from the address holding the most, whatever it is doing. A probe or a scrape lasts
-  milliseconds, so only connections held open on purpose are ever closed.
+  from the address holding the most, whatever it is doing, if it is
+  SPARE_SECONDS old; past twice the limit, whatever its age. A probe or a
+  scrape lasts milliseconds, so only connections held open on purpose are
+  closed, and a probe's only by a flood from its own address of twice the
+  limit's connections within those milliseconds.
 - Requests that want the same answer at the same moment share one
   computation of it (OpsApp.respond), so that the loop's work grows with
   the connections, not with the cost of /metrics or of the health checks.
@@ -63,8 +66,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MAX_HEAD = 8 * 1024  # request line and headers; a probe or a scrape sends a few hundred bytes
 REQUEST_SECONDS = 5.0  # a connection's whole life: the request, our answer, sent
-MAX_OPEN = 512  # connections kept open at most; a new one past this closes the oldest
+MAX_OPEN = 512  # connections kept open; past this, a new one closes an old one (see below)
 MIN_OPEN = 16  # ... unless the descriptor limit is so low that a quarter of it is less
+SPARE_SECONDS = 1.0  # past the limit, a younger connection is closed only past twice the limit
 DRAIN_BYTES = 64 * 1024  # after answering, unread bytes read and dropped (so the answer arrives)
 DRAIN_SECONDS = 1.0
 BACKLOG = 1024  # connections the kernel holds until accepted (capped by net.core.somaxconn)
@@ -190,9 +194,10 @@ class OpsApp:
 
 def connection_limit() -> int:
     """How many connections the port keeps open: MAX_OPEN, or a quarter of
-    the process's descriptor limit when that is lower, so that the port can
-    never take the descriptors the kubelet's sockets and the device watches
-    need."""
+    the process's descriptor limit when that is lower (twice this, at most
+    half the descriptors, may be open for a second: see OpenConnections),
+    so that the port can never take the descriptors the kubelet's sockets
+    and the device watches need."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MAX_OPEN
@@ -204,13 +209,15 @@ class OpenConnections:
     that bounds its life. At the limit, a new connection closes the oldest
     one from its own address if that address holds at least its share (the
     average per address), else the oldest from the address that holds the
-    most: a client holding connections open can only push out its own,
+    most; one younger than SPARE_SECONDS is spared until twice the limit
+    are open. A client holding connections open can only push out its own,
     never make another wait, and never close a probe's (the kubelet probes
-    from the node's address, a connection or two at a time)."""
+    from the node's address, a connection or two at a time, each for
+    milliseconds)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._open: dict[trio.SocketStream, tuple[str, trio.CancelScope]] = {}
+        self._open: dict[trio.SocketStream, tuple[str, trio.CancelScope, float]] = {}
         self._by_address: dict[str, dict[trio.SocketStream, None]] = {}
         self.shed = 0  # closed to make room, since the start
         self._logged_at = -math.inf
@@ -220,9 +227,10 @@ class OpenConnections:
 
     def add(self, stream: trio.SocketStream, address: str) -> trio.CancelScope:
         if len(self._open) >= self.limit:
-            self.close_oldest(address)
-        scope = trio.CancelScope(deadline=trio.current_time() + REQUEST_SECONDS)
-        self._open[stream] = (address, scope)
+            self.close_oldest(address, spare_young=len(self._open) < 2 * self.limit)
+        now = trio.current_time()
+        scope = trio.CancelScope(deadline=now + REQUEST_SECONDS)
+        self._open[stream] = (address, scope, now)
         self._by_address.setdefault(address, {})[stream] = None
         return scope
 
@@ -234,21 +242,24 @@ class OpenConnections:
             if not same:
                 del self._by_address[entry[0]]
 
-    def close_oldest(self, address: str | None = None) -> None:
+    def close_oldest(self, address: str | None = None, *, spare_young: bool = False) -> None:
         """Close the oldest connection from `address` if it holds at least
-        its share, else from the address with the most connections open."""
+        its share, else from the address with the most connections open;
+        with spare_young, not if it is younger than SPARE_SECONDS."""
         if not self._open:
             return
         held = len(self._by_address.get(address, ()))  # type: ignore[arg-type]
         if held == 0 or held * len(self._by_address) < len(self._open):
             address = max(self._by_address, key=lambda a: len(self._by_address[a]))
         stream = next(iter(self._by_address[address]))
-        _, scope = self._open[stream]
+        _, scope, opened = self._open[stream]
+        now = trio.current_time()
+        if spare_young and now - opened < SPARE_SECONDS:
+            return
         self.remove(stream)
         scope.cancel()
         stream.socket.close()  # its descriptor goes now, not when its task next runs
         self.shed += 1
-        now = trio.current_time()
         if now - self._logged_at >= SHED_LOG_SECONDS:
             log.warning(
                 "metrics port: %d connections open (the limit): closing the oldest from %s "

@@ -205,6 +205,31 @@ async def test_a_flood_from_one_address_closes_its_own_oldest_never_a_probe(monk
             nursery.cancel_scope.cancel()
 
 
+async def test_past_the_limit_young_connections_are_spared_until_twice_the_limit(monkeypatch):
+    """A flood of short requests from the probe's own address (pods with
+    hostNetwork on the kubelet's node) keeps the port past its limit with
+    connections that each last milliseconds: they, and the probe among
+    them, are not closed until twice the limit are open."""
+    monkeypatch.setattr(opsserver, "MAX_OPEN", 32)
+    monkeypatch.setattr(opsserver, "SPARE_SECONDS", 3600.0)  # every connection here is young
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            port = await _serve_alone(nursery)
+            opened = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2 * 32)]
+            await opened[-1].send_all(request)  # each before it is accepted, then
+            assert (await opened[-1].receive_some(100)).startswith(b"HTTP/1.1 200 ")
+            await opened[0].send_all(request)  # the first is still open
+            assert (await opened[0].receive_some(100)).startswith(b"HTTP/1.1 200 ")
+            more = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(8)]
+            await more[-1].send_all(request)
+            assert (await more[-1].receive_some(100)).startswith(b"HTTP/1.1 200 ")
+            assert await opened[1].receive_some(100) == b""  # past twice the limit: closed
+            for stream in [*opened, *more]:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
 async def test_requests_at_the_same_moment_share_one_answer_and_later_ones_get_a_new_one(
     monkeypatch,
 ):
