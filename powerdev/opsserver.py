@@ -222,9 +222,6 @@ class OpenConnections:
         self.shed = 0  # closed to make room, since the start
         self._logged_at = -math.inf
 
-    def __len__(self) -> int:
-        return len(self._open)
-
     def add(self, stream: trio.SocketStream, address: str) -> trio.CancelScope:
         if len(self._open) >= self.limit:
             self.close_oldest(address, spare_young=len(self._open) < 2 * self.limit)
