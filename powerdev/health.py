@@ -1,11 +1,12 @@
 """`powerdev health`: is the daemon alive (and, with --ready, registered)?
 
 Alive: the status file was written by a process that is still running, and
-every resource it names is either waiting for the kubelet or has a socket
-that accepts connections. Ready: every resource is registered, and its
-socket accepts connections. Exit 0 when so, 1 otherwise, with a line per
-resource. A probe runs this every few seconds, so it imports no Trio and no
-gRPC: it reads one small file and makes one connect per resource.
+every resource it names is waiting for the kubelet, registering again (its
+socket being replaced), or has a socket that accepts connections. Ready:
+every resource is registered, and its socket accepts connections. Exit 0
+when so, 1 otherwise, with a line per resource. A probe runs this every
+few seconds, so it imports no Trio and no gRPC: it reads one small file
+and makes one connect per resource.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def judge(
         if state == "waiting":
             ok = not ready
             say(f"{name}: waiting for the kubelet ({'not ' if ready else ''}ok)")
+        elif state == "re-registering":
+            # Routine (a kubelet restart): the old socket is going, the next
+            # one comes up in milliseconds. Not ready: the kubelet has no
+            # registration from us until then.
+            ok = not ready
+            say(f"{name}: re-registering, its socket being replaced ({'not ' if ready else ''}ok)")
         else:
             answers = socket_answers(socket)
             ok = answers and (state == "registered" or not ready)

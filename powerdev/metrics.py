@@ -113,7 +113,7 @@ LAST_GOOD_CONFIG = Gauge(
 for _result in ("applied", "rejected"):
     RELOADS.labels(_result)
 
-STATES = ("waiting", "serving", "registered")
+STATES = ("waiting", "serving", "registered", "re-registering")
 _next_cause: dict[str, str] = {}  # resource -> why its next registration happens
 _REASONS = (  # words of registration.py's and kubelet/watch.py's reasons -> cause
     ("ListAndWatch stream", "stream_end"),
@@ -237,7 +237,8 @@ class _Present:
         states = GaugeMetricFamily(
             "powerdev_resource_state",
             "1 for the state each resource is in: waiting (for the kubelet), "
-            "serving (Register not yet accepted), registered",
+            "serving (Register not yet accepted), registered, "
+            "re-registering (a kubelet restart, say, is being followed)",
             labels=["resource", "state"],
         )
         for plugins, status in self.served:

@@ -1,25 +1,54 @@
 """The operator's HTTP port: /metrics (Prometheus), /healthz and /readyz.
 
 Served by the daemon's own Trio loop, beside everything else in its nursery:
-h11 parses HTTP/1.1, one Trio task per connection, no thread. The port is
-read-only and bounded so that it cannot become a way in or a way to stall
-the daemon: GET only; a request head of at most MAX_HEAD bytes; each
-connection gets REQUEST_SECONDS in all to send its request and take the
-answer, then is closed; at most MAX_CONNECTIONS at once (more wait in the
-kernel's backlog, not in memory). The listening socket is bound before
-Trio starts (listen()), so a bad address stops `powerdev run` at once, and
-a probe that comes during the first scan waits in the backlog.
+h11 parses HTTP/1.1, one Trio task per connection, no thread. Anyone who can
+reach the pod can reach the port, so it is served so that a probe is always
+answered at once, whatever other clients do, and so that nobody can make
+the daemon hold more than a bounded number of descriptors and bytes:
 
-/healthz: the loop answers, and every resource is waiting for the kubelet
-or serving on a socket that accepts connections. /readyz: every resource
-is registered with the kubelet and its socket accepts connections. Both
-say why in the body, one line per resource, as `powerdev health` does.
+- No client ever waits for another: every pending connection is accepted
+  (up to ACCEPT_BATCH per wake-up), none waits for a free slot. At most
+  connection_limit() stay open; past it, each new connection closes the
+  oldest one from its own address if that holds at least its share, else
+  from the address holding the most, whatever it is doing, if it is
+  SPARE_SECONDS old; past twice the limit, whatever its age. A probe or a
+  scrape lasts milliseconds, so only connections held open on purpose are
+  closed, and a probe's only by a flood from its own address of twice the
+  limit's connections within those milliseconds.
+- Requests that want the same answer at the same moment share one
+  computation of it (OpsApp.respond), so that the loop's work grows with
+  the connections, not with the cost of /metrics or of the health checks.
+- Each connection has REQUEST_SECONDS in all (its request head, our answer,
+  sent), then it is closed; one request per connection (Connection: close).
+- A request head of at most MAX_HEAD bytes (431 beyond); a body is never
+  read, only up to DRAIN_BYTES of it drained after the answer.
+- GET only, three paths; anything else is a fixed refusal.
+
+The listening socket is bound before Trio starts (listen()), so a bad
+address stops `powerdev run` at once, and a probe that comes during the
+first scan waits in the backlog.
+
+/healthz: the loop answers, and every resource is waiting for the kubelet,
+registering again, or serving on a socket that accepts connections.
+/readyz: every resource is registered with the kubelet and its socket
+accepts connections. Both say why in the body, one line per resource, as
+`powerdev health` does.
+
+Why not hypercorn, which serves the webhook: it has no bound on open
+connections and none can be added through its API (only by driving its
+private TCPServer class from our own accept loop); its sends are shielded
+from cancellation, so a client that never reads an answer larger than the
+socket buffers holds the connection, and the server's shutdown, for ever;
+and it speaks HTTP/2 on a plain port to any client that asks (prior
+knowledge or h2c), which a read-only port of three paths does not need.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
+import resource
 import socket
 from typing import TYPE_CHECKING
 
@@ -36,13 +65,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_HEAD = 8 * 1024  # request line and headers; a probe or a scrape sends a few hundred bytes
-REQUEST_SECONDS = 5.0  # for the whole exchange: the request, our answer, sent
-MAX_CONNECTIONS = 16  # handled at once; a kubelet probes one at a time, Prometheus scrapes one
+REQUEST_SECONDS = 5.0  # a connection's whole life: the request, our answer, sent
+MAX_OPEN = 512  # connections kept open; past this, a new one closes an old one (see below)
+MIN_OPEN = 16  # ... unless the descriptor limit is so low that a quarter of it is less
+SPARE_SECONDS = 1.0  # past the limit, a younger connection is closed only past twice the limit
 DRAIN_BYTES = 64 * 1024  # after answering, unread bytes read and dropped (so the answer arrives)
 DRAIN_SECONDS = 1.0
-BACKLOG = 64
+BACKLOG = 1024  # connections the kernel holds until accepted (capped by net.core.somaxconn)
+ACCEPT_BATCH = 256  # connections accepted in a row before the loop lets other tasks run
 ACCEPT_PAUSE = 0.1  # after EMFILE and the like: try accepting again after this
+SHED_LOG_SECONDS = 60.0  # at most one line per this about closing the oldest connections
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# A connection that went before it was accepted, or one a firewall refused.
+_ACCEPT_AGAIN = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM}
 PATHS = "/metrics, /healthz, /readyz"
 
 
@@ -91,14 +126,52 @@ def bound_address(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+Answer = tuple[int, str, bytes]  # status, content type, body
+
+
+class _Shared:
+    """One computation of an answer, and the requests waiting for it."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: Answer | None = None
+
+
 class OpsApp:
     """Answers one request: (status, content type, body)."""
 
     def __init__(self, plugins: list[Plugin], status: StatusFile) -> None:
         self.plugins = plugins
         self.status = status
+        self._computing: dict[tuple[bytes, str], _Shared] = {}
 
-    def answer(self, method: bytes, target: bytes, accept: str) -> tuple[int, str, bytes]:
+    async def respond(self, method: bytes, target: bytes, accept: str) -> Answer:
+        """answer(), made once for all the requests for the same answer that
+        come in the same scheduling round: however many clients ask at once,
+        the loop spends one /metrics exposition and one health check (a
+        connect per resource) on them, and never answers with something made
+        before the request came."""
+        path = target.split(b"?", 1)[0]
+        if method != b"GET" or path not in (b"/metrics", b"/healthz", b"/readyz"):
+            return self.answer(method, target, accept)  # a fixed refusal: nothing to share
+        kind = choose_encoder(accept)[1] if path == b"/metrics" else ""
+        key = (path, kind)
+        shared = self._computing.get(key)
+        if shared is not None:
+            await shared.done.wait()
+            if shared.answer is None:
+                raise RuntimeError(f"answering {path.decode()} failed (see the first error)")
+            return shared.answer
+        shared = self._computing[key] = _Shared()
+        try:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # the others of this round join
+            shared.answer = self.answer(method, path, accept)
+        finally:
+            self._computing.pop(key, None)
+            shared.done.set()
+        return shared.answer
+
+    def answer(self, method: bytes, target: bytes, accept: str) -> Answer:
         path = target.split(b"?", 1)[0]
         if path not in (b"/metrics", b"/healthz", b"/readyz"):
             return 404, "text/plain", f"not found: this port serves {PATHS}\n".encode()
@@ -119,6 +192,82 @@ class OpsApp:
         return {name: dict(known.get(name, {"state": "waiting"})) for name in names}
 
 
+def connection_limit() -> int:
+    """How many connections the port keeps open: MAX_OPEN, or a quarter of
+    the process's descriptor limit when that is lower (twice this, at most
+    half the descriptors, may be open for a second: see OpenConnections),
+    so that the port can never take the descriptors the kubelet's sockets
+    and the device watches need."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN
+    return max(MIN_OPEN, min(MAX_OPEN, soft // 4))
+
+
+class OpenConnections:
+    """The connections open now, oldest first, each with the cancel scope
+    that bounds its life. At the limit, a new connection closes the oldest
+    one from its own address if that address holds at least its share (the
+    average per address), else the oldest from the address that holds the
+    most; one younger than SPARE_SECONDS is spared until twice the limit
+    are open. A client holding connections open can only push out its own,
+    never make another wait, and never close a probe's (the kubelet probes
+    from the node's address, a connection or two at a time, each for
+    milliseconds)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[trio.SocketStream, tuple[str, trio.CancelScope, float]] = {}
+        self._by_address: dict[str, dict[trio.SocketStream, None]] = {}
+        self.shed = 0  # closed to make room, since the start
+        self._logged_at = -math.inf
+
+    def add(self, stream: trio.SocketStream, address: str) -> trio.CancelScope:
+        if len(self._open) >= self.limit:
+            self.close_oldest(address, spare_young=len(self._open) < 2 * self.limit)
+        now = trio.current_time()
+        scope = trio.CancelScope(deadline=now + REQUEST_SECONDS)
+        self._open[stream] = (address, scope, now)
+        self._by_address.setdefault(address, {})[stream] = None
+        return scope
+
+    def remove(self, stream: trio.SocketStream) -> None:
+        entry = self._open.pop(stream, None)
+        if entry is not None:
+            same = self._by_address[entry[0]]
+            del same[stream]
+            if not same:
+                del self._by_address[entry[0]]
+
+    def close_oldest(self, address: str | None = None, *, spare_young: bool = False) -> None:
+        """Close the oldest connection from `address` if it holds at least
+        its share, else from the address with the most connections open;
+        with spare_young, not if it is younger than SPARE_SECONDS."""
+        if not self._open:
+            return
+        held = len(self._by_address.get(address, ()))  # type: ignore[arg-type]
+        if held == 0 or held * len(self._by_address) < len(self._open):
+            address = max(self._by_address, key=lambda a: len(self._by_address[a]))
+        stream = next(iter(self._by_address[address]))
+        _, scope, opened = self._open[stream]
+        now = trio.current_time()
+        if spare_young and now - opened < SPARE_SECONDS:
+            return
+        self.remove(stream)
+        scope.cancel()
+        stream.socket.close()  # its descriptor goes now, not when its task next runs
+        self.shed += 1
+        if now - self._logged_at >= SHED_LOG_SECONDS:
+            log.warning(
+                "metrics port: %d connections open (the limit): closing the oldest from %s "
+                "(%d closed so far); some client holds connections open",
+                self.limit,
+                address,
+                self.shed,
+            )
+            self._logged_at = now
+
+
 async def serve(
     sock: socket.socket,
     plugins: list[Plugin],
@@ -128,68 +277,76 @@ async def serve(
 ) -> None:
     """Serve the port until cancelled; started() with the bound address."""
     app = OpsApp(plugins, status)
-    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-    limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+    connections = OpenConnections(connection_limit())
     address = bound_address(sock)
+    sock.setblocking(False)
     log.info("serving %s on %s", PATHS, address)
     try:
         async with trio.open_nursery() as nursery:
             task_status.started(address)
             while True:
-                token = object()
-                await limiter.acquire_on_behalf_of(token)
-                try:
-                    stream = await listener.accept()
-                except OSError as err:
-                    limiter.release_on_behalf_of(token)
-                    if err.errno not in _OUT_OF_RESOURCES:
-                        raise
-                    log.warning("metrics port: cannot accept a connection: %s", err)
-                    await trio.sleep(ACCEPT_PAUSE)
-                    continue
-                nursery.start_soon(_connection, app, stream, limiter, token)
+                await trio.lowlevel.wait_readable(sock)
+                for _ in range(ACCEPT_BATCH):
+                    try:
+                        accepted, peer = sock.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as err:
+                        if err.errno in _ACCEPT_AGAIN:
+                            continue
+                        if err.errno not in _OUT_OF_RESOURCES:
+                            raise
+                        log.warning("metrics port: cannot accept a connection: %s", err)
+                        connections.close_oldest()  # one descriptor back, if we hold any
+                        await trio.sleep(ACCEPT_PAUSE)
+                        break
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(accepted))
+                    scope = connections.add(stream, peer[0])
+                    nursery.start_soon(_connection, app, stream, scope, connections)
     finally:
-        await trio.aclose_forcefully(listener)
+        sock.close()
 
 
 async def _connection(
-    app: OpsApp, stream: trio.SocketStream, limiter: trio.CapacityLimiter, token: object
+    app: OpsApp,
+    stream: trio.SocketStream,
+    scope: trio.CancelScope,
+    connections: OpenConnections,
 ) -> None:
     try:
-        answered = False
-        with trio.move_on_after(REQUEST_SECONDS):
-            await _exchange(app, stream)
-            answered = True
-        if answered:
-            with trio.move_on_after(DRAIN_SECONDS):
-                await _drain(stream)
+        with scope:
+            if await _exchange(app, stream):
+                with trio.move_on_after(DRAIN_SECONDS):
+                    await _drain(stream)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass  # the client went away
+        pass  # the client went away, or we closed it to make room
     except Exception:  # a bug of ours must never stop the daemon
         log.exception("metrics port: answering a request failed")
     finally:
-        limiter.release_on_behalf_of(token)
+        connections.remove(stream)
         await trio.aclose_forcefully(stream)
 
 
-async def _exchange(app: OpsApp, stream: trio.SocketStream) -> None:
-    """Read one request head, answer it, and say the connection closes."""
+async def _exchange(app: OpsApp, stream: trio.SocketStream) -> bool:
+    """Read one request head, answer it, and say the connection closes.
+    True when an answer was sent."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as err:
             await _send(conn, stream, err.error_status_hint, "text/plain", b"bad request\n")
-            return
+            return True
         if event is h11.NEED_DATA:
             conn.receive_data(await stream.receive_some(4096))
             continue
         if isinstance(event, h11.Request):
             break
-        return  # the client closed, or sent something that is not a request
+        return False  # the client closed, or sent something that is not a request
     accept = next((v for k, v in event.headers if k == b"accept"), b"").decode("latin-1")
-    status, content_type, body = app.answer(event.method, event.target, accept)
+    status, content_type, body = await app.respond(event.method, event.target, accept)
     await _send(conn, stream, status, content_type, body, head=event.method == b"HEAD")
+    return True
 
 
 async def _send(

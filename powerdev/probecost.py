@@ -12,11 +12,16 @@ user+system time (wait4), and its memory the child's peak RSS; the kubelet
 and the runtime spend more around each exec, which is not counted here. An
 httpGet probe's CPU is the daemon's user+system time over many requests,
 divided by their number (its idle CPU over the same time is a tick or two).
+Last, the issue that made the port what it is: HELD idle connections are
+opened and kept, and probes are timed (wall clock, connect to last byte)
+while they are; with what the held connections cost the daemon in memory
+and descriptors.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -45,9 +50,11 @@ class Plan:
     execs: int = 20
     gets: int = 3000
     scrapes: int = 300
+    held: int = 200  # idle connections held open while probes are timed
+    held_probes: int = 50
 
 
-QUICK = Plan(devices=50, execs=2, gets=50, scrapes=10)
+QUICK = Plan(devices=50, execs=2, gets=50, scrapes=10, held=200, held_probes=5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -202,6 +209,43 @@ async def _measure_against(pid, port, status, plan, figures, say) -> None:
         f"daemon idle {idle * 1000:.3f}m; one scrape every 30 s: {per_scrape / 30 * 1000:.3f}m"
     )
     figures["daemon_rss_mib_after"] = round((rss_kib(pid) or 0) / 1024, 1)
+    await _probes_while_held(pid, port, plan, figures, say)
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _probes_while_held(pid, port, plan, figures, say) -> None:
+    """Probe wall times while plan.held idle connections are kept open."""
+    rss, descriptors = rss_kib(pid) or 0, _descriptors(pid)
+    held: list[trio.SocketStream] = []
+    try:
+        for _ in range(plan.held):
+            held.append(await trio.open_tcp_stream("127.0.0.1", port))
+        times = []
+        for _ in range(plan.held_probes):
+            began = time.monotonic()
+            reply = await http_get(port, "/healthz")
+            times.append(time.monotonic() - began)
+            assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+        grown = ((rss_kib(pid) or 0) - rss) / 1024
+        more = _descriptors(pid) - descriptors
+    finally:
+        for stream in held:
+            await trio.aclose_forcefully(stream)
+    times.sort()
+    name = f"httpGet /healthz with {plan.held} idle connections held"
+    figures[name] = {
+        "median_ms": round(times[len(times) // 2] * 1000, 2),
+        "max_ms": round(times[-1] * 1000, 2),
+        "daemon_rss_growth_mib": round(grown, 2),
+        "daemon_descriptors_added": more,
+    }
+    say(
+        f"{name}: median {times[len(times) // 2] * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms "
+        f"(n={len(times)}); they cost the daemon {grown:.1f} MiB RSS and {more} descriptors"
+    )
 
 
 async def _port_from_log(stream: trio.abc.ReceiveStream) -> int:
@@ -223,8 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m powerdev.probecost", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--held", type=int, default=None, help="idle connections held while probes are timed"
+    )
     args = parser.parse_args(argv)
-    figures = trio.run(measure, QUICK if args.quick else Plan(), print)
+    plan = QUICK if args.quick else Plan()
+    if args.held is not None:
+        plan = dataclasses.replace(plan, held=args.held)
+    figures = trio.run(measure, plan, print)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

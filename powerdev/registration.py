@@ -133,6 +133,7 @@ async def _registrations(
             registration.start_soon(_warm_up, service, answers, plugin)
 
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
+            report("re-registering")  # our socket may be gone already: alive, not ready
             registration.cancel_scope.cancel()
         metrics.next_registration(resource.name, reason)
         log.info("%s: %s; serving and registering again", resource.name, reason)

@@ -3,7 +3,9 @@
 The daemon writes the file (atomically, on every change of state only); the
 health command reads it and checks the claim by dialling the plugin's socket.
 States: "waiting" (no kubelet.sock yet), "serving" (socket up, Register not
-yet accepted), "registered".
+yet accepted), "registered", "re-registering" (a reason to register again
+was seen, a kubelet restart say: the old socket is going or gone, the next
+one is not up yet; it lasts milliseconds).
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ def test_there_is_something_to_check():
         "MutatingWebhookConfiguration",
         "Namespace",
         "Namespace",
+        "NetworkPolicy",
         "Pod",
         "PodDisruptionBudget",
         "PodMonitor",
@@ -377,6 +378,79 @@ def test_the_cdi_component_adds_its_mount_and_config_to_an_overlay(tmp_path, ove
 
     resource = parse_config(cm["data"]["config.json"], source="cdi").resources[0]
     assert (resource.cdi, resource.device_gid, resource.device_mode) == (True, 6, 0o660)
+
+
+# The README's way to let another namespace's Prometheus scrape instead.
+OTHER_SCRAPER = """
+patches:
+  - target:
+      kind: NetworkPolicy
+      name: power-device-plugin-metrics
+    patch: |-
+      - op: replace
+        path: /spec/ingress/0/from/0/namespaceSelector/matchExpressions/0/values
+        value: [monitoring]
+"""
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
+@pytest.mark.parametrize("overlay", ["deploy", "deploy/openshift"])
+@pytest.mark.parametrize("scrapers", ["default", "patched"])
+def test_the_networkpolicy_component_lets_only_prometheus_reach_the_port(
+    tmp_path, overlay, scrapers
+):
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    kustomization = tmp_path / overlay / "kustomization.yaml"
+    doc = yaml.safe_load(kustomization.read_text())
+    doc["components"] = [os.path.relpath(tmp_path / "deploy" / "networkpolicy", tmp_path / overlay)]
+    if scrapers == "patched":
+        doc.setdefault("patches", []).extend(yaml.safe_load(OTHER_SCRAPER)["patches"])
+    kustomization.write_text(yaml.safe_dump(doc))
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    docs = list(yaml.safe_load_all(done.stdout))
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, "1.35.0", strict=True)
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is False  # else no NetworkPolicy would apply to it
+    assert policy["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    assert policy["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev"
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (port,) = rule["ports"]
+    (container,) = pod["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port == {"port": "http-metrics", "protocol": "TCP"} and named["http-metrics"] == 8080
+    assert container["livenessProbe"]["httpGet"]["port"] == "http-metrics"  # from the node
+    (source,) = rule["from"]
+    assert set(source) == {"namespaceSelector"}  # no podSelector, no ipBlock
+    (expression,) = source["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "In"
+    expected = {
+        "default": ["openshift-monitoring", "openshift-user-workload-monitoring"],
+        "patched": ["monitoring"],
+    }[scrapers]
+    assert expression["values"] == expected
+    # Everything else the overlay makes is as without the component.
+    plain = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == list(
+        yaml.safe_load_all(plain.stdout)
+    )
 
 
 def test_the_podmonitor_scrapes_the_daemonsets_named_port():

@@ -47,3 +47,5 @@ def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
     assert "daemon_cpu_seconds_per_probe" in report["httpGet /healthz or /readyz"]
     assert report["GET /metrics"]["bytes"] > 0
     assert "average over the DaemonSet's periods" in done.stdout
+    held = report["httpGet /healthz with 200 idle connections held"]
+    assert held["max_ms"] > 0 and held["daemon_descriptors_added"] >= 200

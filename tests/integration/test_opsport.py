@@ -12,7 +12,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from powerdev import app, metrics, opsserver
+from powerdev import app, metrics, opsserver, registration
 from powerdev.devices.tracker import DeviceEvent
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
@@ -181,6 +181,50 @@ async def test_healthz_and_readyz_follow_the_kubelet(tmp_path):
             nursery.cancel_scope.cancel()
 
 
+async def test_while_registering_again_the_probes_say_so_alive_and_not_ready(
+    tmp_path, monkeypatch
+):
+    """From the moment the daemon sees a reason to register again (here, its
+    socket removed, as a kubelet restart does) until the new socket serves,
+    the state is re-registering: alive, not ready. The new server's start is
+    held here, so that the probes are asked inside that window."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    name = "example.com/ops-again"
+    config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-g.sock")
+    sock = port_socket()
+    port = sock.getsockname()[1]
+    serve = registration.serve
+    calls = 0
+    held, release = trio.Event(), trio.Event()
+
+    async def held_second_time(*args, task_status=trio.TASK_STATUS_IGNORED):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            held.set()
+            await release.wait()
+        await serve(*args, task_status=task_status)
+
+    monkeypatch.setattr(registration, "serve", held_second_time)
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev, metrics_socket=sock) as h:
+            (h.settings.plugin_dir / "ops-g.sock").unlink()
+            await held.wait()
+            status, _, body = await get(port, "/healthz")
+            assert status == 200, body
+            assert f"{name}: re-registering" in body.decode()
+            status, _, body = await get(port, "/readyz")
+            assert status == 503 and f"{name}: re-registering" in body.decode(), body
+            found = samples((await get(port, "/metrics"))[2])
+            assert value(found, "powerdev_resource_state", resource=name, state="registered") == 0
+            assert (
+                value(found, "powerdev_resource_state", resource=name, state="re-registering") == 1
+            )
+            release.set()
+            await h.wait_registered(2)
+            assert (await get(port, "/readyz"))[0] == 200
+
+
 async def test_garbage_slow_huge_and_many_requests_neither_block_nor_stop_the_daemon(
     tmp_path, monkeypatch
 ):
@@ -232,7 +276,7 @@ async def test_garbage_slow_huge_and_many_requests_neither_block_nor_stop_the_da
                         pass  # the server closed: what it should do
 
             closed: list[int] = []
-            slow = opsserver.MAX_CONNECTIONS + 4  # every slot taken, and more waiting
+            slow = 20  # each held open until the server's deadline cuts it off
             async with trio.open_nursery() as clients:
                 for _ in range(slow):
                     clients.start_soon(slow_client, closed)
@@ -240,7 +284,7 @@ async def test_garbage_slow_huge_and_many_requests_neither_block_nor_stop_the_da
                 # Meanwhile the daemon serves the kubelet as ever...
                 grant = await h.kubelet.allocate(name, ["dm-0"])
                 assert [d.host_path for d in grant.devices] == ["/dev/dm-0"]
-                # ... and a probe gets its answer once the slow ones are cut off.
+                # ... and a probe gets its answer without waiting for them.
                 status, _, _ = await get(port, "/healthz")
                 assert status == 200
             assert len(closed) == slow  # each slow client was closed by the server

@@ -6,6 +6,7 @@ with exit 0. And bad addresses stop it at start with one line."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import trio
 from powerdev import opsserver
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
-from powerdev.testing import run_command
+from powerdev.testing import rss_kib, run_command
 from tests.conftest import make_dev_tree
 from tests.integration.test_opsport import get, http
 
@@ -78,9 +79,9 @@ async def test_the_daemon_process_logs_json_and_its_port_outlasts_bad_clients(tm
                 assert (await http(port, b"\x00\xff" * 5000 + b"\r\n\r\n"))[0] in (400, 431)
                 big = b"GET /readyz HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n"
                 assert (await http(port, big))[0] == 431
-                # Slow clients holding all slots but one: probes still answered at once.
+                # Slow clients holding connections: probes still answered at once.
                 held = []
-                for _ in range(opsserver.MAX_CONNECTIONS - 1):
+                for _ in range(100):
                     stream = await trio.open_tcp_stream("127.0.0.1", port)
                     await stream.send_all(b"GET /metrics HTTP/1.1\r\n")
                     held.append(stream)
@@ -121,6 +122,70 @@ async def test_the_daemon_process_logs_json_and_its_port_outlasts_bad_clients(tm
         for m in messages
     ), messages
     assert f"{RESOURCE}: 3 devices: dm-1, dm-2, dm-10" in messages  # natural order
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_connections_beyond_the_limit_close_the_oldest_and_descriptors_stay_bounded(
+    tmp_path,
+):
+    """More idle connections than the port keeps: the probe is answered
+    within a second all the same, the daemon's descriptors and memory stay
+    within the limit's worth, and once the clients go, so do the descriptors."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/dm-*"]}')
+    plugin_dir = tmp_path / "device-plugins"
+    command = run_command(plugin_dir, config, dev, "--metrics-address", "127.0.0.1:0")
+    limit = opsserver.connection_limit()
+    clients = limit * 3  # past twice the limit, the oldest go whatever their age
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
+            lines = Lines(proc.stderr)
+            nursery.start_soon(lines.read)
+            try:
+                found = await lines.wait_for(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
+                port = int(found.group(1))
+                await kubelet.wait_until(
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
+                )
+                assert (await get(port, "/readyz"))[0] == 200
+                descriptors, rss = open_descriptors(proc.pid), rss_kib(proc.pid)
+
+                held: list[trio.SocketStream] = []
+                try:
+                    for _ in range(clients):
+                        held.append(await trio.open_tcp_stream("127.0.0.1", port))
+                    with trio.fail_after(1):
+                        status, _, body = await get(port, "/healthz")
+                    assert status == 200, body
+                    assert open_descriptors(proc.pid) <= descriptors + 2 * limit + 2
+                    assert rss_kib(proc.pid) - rss < 32 * 1024  # KiB
+                    # The oldest were closed by the daemon, the newest are kept.
+                    await held[-1].send_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert (await held[-1].receive_some(100)).startswith(b"HTTP/1.1 200 ")
+                    assert await held[0].receive_some(100) == b""
+                finally:
+                    for stream in held:
+                        await trio.aclose_forcefully(stream)
+                for path in ("/healthz", "/readyz"):
+                    assert (await get(port, path))[0] == 200
+                # (give or take the last probe's connection, which may be closing)
+                assert open_descriptors(proc.pid) <= descriptors + 1
+                assert any("closing the oldest" in line for line in lines.lines), lines.lines
+                assert proc.returncode is None
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            nursery.cancel_scope.cancel()
 
 
 def test_a_bad_or_busy_metrics_address_stops_the_daemon_with_one_line(tmp_path):
