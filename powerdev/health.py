@@ -2,7 +2,8 @@
 
 Alive: the status file was written by a process that is still running, and
 every resource it names is waiting for the kubelet, registering again (its
-socket being replaced), or has a socket that accepts connections. Ready:
+socket being replaced, or just removed by a restarting kubelet), or has a
+socket that accepts connections. Ready:
 every resource is registered, and its socket accepts connections. Exit 0
 when so, 1 otherwise, with a line per resource. A probe runs this every
 few seconds, so it imports no Trio and no gRPC: it reads one small file
@@ -53,6 +54,14 @@ def judge(
             # registration from us until then.
             ok = not ready
             say(f"{name}: re-registering, its socket being replaced ({'not ' if ready else ''}ok)")
+        elif state == "registered" and not socket.exists():
+            # A kubelet starting anew deletes every socket; the daemon sees it
+            # by inotify and serves and registers again within milliseconds.
+            ok = not ready
+            say(
+                f"{name}: registered, but a restarting kubelet removed its socket {socket}: "
+                f"re-registering ({'not ' if ready else ''}ok)"
+            )
         else:
             answers = socket_answers(socket)
             ok = answers and (state == "registered" or not ready)

@@ -9,15 +9,16 @@ import pytest
 
 from powerdev import health
 
-# state, socket answers, alive, ready
+# state, the socket ("answers", "refuses": its server died, "gone"), alive, ready
 TABLE = [
-    ("waiting", False, True, False),
-    ("serving", True, True, False),
-    ("serving", False, False, False),
-    ("registered", True, True, True),
-    ("registered", False, False, False),  # a server that died: restart it
-    ("re-registering", False, True, False),  # routine: the socket is being replaced
-    ("re-registering", True, True, False),
+    ("waiting", "gone", True, False),
+    ("serving", "answers", True, False),
+    ("serving", "refuses", False, False),
+    ("registered", "answers", True, True),
+    ("registered", "refuses", False, False),  # a server that died: restart it
+    ("registered", "gone", True, False),  # a restarting kubelet deleted it: routine
+    ("re-registering", "gone", True, False),  # routine: the socket is being replaced
+    ("re-registering", "answers", True, False),
 ]
 
 
@@ -25,8 +26,9 @@ TABLE = [
 def test_each_state_alive_and_ready(tmp_path, state, answers, alive, ready):
     path = tmp_path / "plugin.sock"
     with socket.socket(socket.AF_UNIX) as server:
-        if answers:
+        if answers != "gone":
             server.bind(str(path))
+        if answers == "answers":
             server.listen()
         said: list[str] = []
         entry = {"state": state, "socket": str(path)}
