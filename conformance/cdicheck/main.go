@@ -1,9 +1,9 @@
 // Command cdicheck gives tests the verdict of the CDI library that container
 // runtimes use (tags.cncf.io/container-device-interface): it loads spec dirs
 // into the library's cache and injects device names into an OCI spec, adding
-// no parsing or validation of its own. The interface (subcommands, JSON
-// fields, exit codes) is shared/cdicheck/README.md beside the checkout, and is
-// spoken by powerdev/kubelet/cdicheck.py.
+// no parsing or validation of its own. Its interface (subcommands validate,
+// inject and version; JSON on stdout; exit 0 ok, 1 refused, 2 usage) is the
+// one powerdev/kubelet/cdicheck.py and the CDI tests speak.
 //
 // Files: main.go the command line; load.go the cache and what it recorded;
 // inject.go the OCI spec and its view; version.go the compiled-in versions.

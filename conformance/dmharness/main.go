@@ -3,7 +3,8 @@
 // manager (policy none), the kubelet's predicate admit handler and its
 // PodResources v1 service, driven by one command per line on stdin and
 // answering each with one JSON object per line on stdout. The commands are
-// those of shared/kubelet-dm/README.md; the project's tests speak them.
+// those the project's tests speak (the README's "The conformance kit"),
+// plus podresources.
 package main
 
 import (
@@ -51,7 +52,8 @@ type harness struct {
 	mgr     *devicemanager.ManagerImpl
 	topo    topologymanager.Manager
 	podres  *grpc.Server
-	pods    []*v1.Pod // the active pods, in the order they came
+	cancel  context.CancelFunc // ends the PodResources server's rate limiter
+	pods    []*v1.Pod          // the active pods, in the order they came
 	stopped bool
 }
 
@@ -130,26 +132,29 @@ func (h *harness) startManager() error {
 	if err := mgr.Start(h.logger, h.activePods, allSourcesReady{}, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		return err
 	}
-	podres, err := servePodResources(context.Background(), h, podResourcesSocket(h.dir))
+	ctx, cancel := context.WithCancel(context.Background())
+	podres, err := servePodResources(ctx, h, podResourcesSocket(h.dir))
 	if err != nil {
+		cancel()
 		_ = mgr.Stop(h.logger)
 		return err
 	}
 	h.mu.Lock()
-	h.mgr, h.topo, h.podres, h.stopped = mgr, topo, podres, false
+	h.mgr, h.topo, h.podres, h.cancel, h.stopped = mgr, topo, podres, cancel, false
 	h.mu.Unlock()
 	return nil
 }
 
 func (h *harness) stopManager() error {
 	h.mu.Lock()
-	mgr, podres, stopped := h.mgr, h.podres, h.stopped
+	mgr, podres, cancel, stopped := h.mgr, h.podres, h.cancel, h.stopped
 	h.stopped = true
 	h.mu.Unlock()
 	if mgr == nil || stopped {
 		return nil
 	}
 	podres.Stop()
+	cancel()
 	return mgr.Stop(h.logger)
 }
 
@@ -467,6 +472,9 @@ func (h *harness) run(words []string) (reply, error) {
 			return nil, err
 		}
 		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, err
+		}
+		if err := h.stopManager(); err != nil { // a second start: the first manager goes
 			return nil, err
 		}
 		if err := mountPluginDir(dir); err != nil {

@@ -28,8 +28,20 @@ const (
 // Go program, and execve keeps that thread's namespace for the whole new
 // image: so lock the thread, unshare, exec. A no-op once inside.
 func enterPrivateMountNamespace() error {
-	if os.Getenv(namespaceMarker) == "1" {
+	if outside := os.Getenv(namespaceMarker); outside != "" {
+		// Set by our own re-exec to the namespace we left; an inherited
+		// variable must never make us mount over the host's
+		// /var/lib/kubelet, so the namespace must really be another.
+		own, err := os.Readlink("/proc/self/ns/mnt")
+		if err != nil || own == outside {
+			return fmt.Errorf("%s is set, but this process is still in mount namespace %s: unset it",
+				namespaceMarker, outside)
+		}
 		return nil
+	}
+	outside, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
 	}
 	runtime.LockOSThread()
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
@@ -40,7 +52,7 @@ func enterPrivateMountNamespace() error {
 	if err != nil {
 		return err
 	}
-	env := append(os.Environ(), namespaceMarker+"=1")
+	env := append(os.Environ(), namespaceMarker+"="+outside)
 	return syscall.Exec(self, os.Args, env)
 }
 
