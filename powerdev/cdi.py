@@ -130,7 +130,7 @@ class SpecWriter:
     """
 
     def __init__(self, spec_dir: Path, resource_name: str, held_ids: Held | None = None) -> None:
-        self.path = spec_dir / cdi_spec_file(resource_name)
+        self.path = spec_path(spec_dir, resource_name)
         self._resource_name = resource_name
         self._held_ids = held_ids
         self._entries: dict[str, list[dict[str, object]]] | None = None  # the file's; None: unread

@@ -712,10 +712,6 @@ class HostUseGuard:
         }  # the entries that are no device's name are looked up and ignored
         return HostUse(topology, direct, journals)
 
-    def reason(self, device: Device, use: HostUse | None = None) -> str | None:
-        """Why the host uses this device, or None (`use`: a survey to ask)."""
-        return (use or self.survey()).reason(device)
-
     def screen(
         self, devices: Iterable[Device], listed: Mapping[str, Device], *, allow: bool
     ) -> list[Device]:
