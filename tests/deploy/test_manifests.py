@@ -89,18 +89,30 @@ def test_every_manifest_validates_strictly(version):
             pytest.fail(f"{path} ({doc['kind']}) against {version}: {err.message}")
 
 
+def kustomize(path: Path) -> list[dict]:
+    """The objects `kubectl kustomize` makes of a directory."""
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return list(yaml.safe_load_all(done.stdout))
+
+
+def with_component(tmp_path: Path, overlay: str, component: str, patches=()) -> list[dict]:
+    """An overlay rendered from a copy of deploy/ with a component (and patches) added."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    kustomization = tmp_path / overlay / "kustomization.yaml"
+    doc = yaml.safe_load(kustomization.read_text())
+    doc["components"] = [os.path.relpath(tmp_path / "deploy" / component, tmp_path / overlay)]
+    doc.setdefault("patches", []).extend(patches)
+    kustomization.write_text(yaml.safe_dump(doc))
+    return kustomize(tmp_path / overlay)
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
 def test_kustomizations_build(directory):
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    docs = list(yaml.safe_load_all(done.stdout))
+    docs = kustomize(ROOT / directory)
     for doc in docs:
         if doc["kind"] in ("DaemonSet", "Deployment", "Pod", "ServiceAccount", "ConfigMap"):
             assert doc["metadata"]["namespace"] in ("power-device-plugin", "power-dev-example")
@@ -256,15 +268,8 @@ def test_an_image_set_in_the_base_reaches_every_overlay(tmp_path):
     base.write_text(yaml.safe_dump(doc))
     overlays = ("deploy", "deploy/openshift", "deploy/webhook", "deploy/webhook/openshift")
     for overlay in overlays:
-        done = subprocess.run(
-            ["kubectl", "kustomize", str(tmp_path / overlay)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
         workloads = [
-            d for d in yaml.safe_load_all(done.stdout) if d["kind"] in ("DaemonSet", "Deployment")
+            d for d in kustomize(tmp_path / overlay) if d["kind"] in ("DaemonSet", "Deployment")
         ]
         assert len(workloads) == (2 if "webhook" in overlay else 1)
         for workload in workloads:
@@ -349,19 +354,7 @@ def test_dockerignore_keeps_what_the_build_copies():
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
 @pytest.mark.parametrize("overlay", ["deploy", "deploy/openshift"])
 def test_the_cdi_component_adds_its_mount_and_config_to_an_overlay(tmp_path, overlay):
-    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
-    kustomization = tmp_path / overlay / "kustomization.yaml"
-    doc = yaml.safe_load(kustomization.read_text())
-    doc["components"] = [os.path.relpath(tmp_path / "deploy" / "cdi", tmp_path / overlay)]
-    kustomization.write_text(yaml.safe_dump(doc))
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(tmp_path / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    docs = list(yaml.safe_load_all(done.stdout))
+    docs = with_component(tmp_path, overlay, "cdi")
     for doc in docs:
         if doc["kind"] not in OPENSHIFT_KINDS:
             kubernetes_validate.validate(doc, "1.35.0", strict=True)
@@ -399,21 +392,8 @@ patches:
 def test_the_networkpolicy_component_lets_only_prometheus_reach_the_port(
     tmp_path, overlay, scrapers
 ):
-    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
-    kustomization = tmp_path / overlay / "kustomization.yaml"
-    doc = yaml.safe_load(kustomization.read_text())
-    doc["components"] = [os.path.relpath(tmp_path / "deploy" / "networkpolicy", tmp_path / overlay)]
-    if scrapers == "patched":
-        doc.setdefault("patches", []).extend(yaml.safe_load(OTHER_SCRAPER)["patches"])
-    kustomization.write_text(yaml.safe_dump(doc))
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(tmp_path / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    docs = list(yaml.safe_load_all(done.stdout))
+    patches = yaml.safe_load(OTHER_SCRAPER)["patches"] if scrapers == "patched" else []
+    docs = with_component(tmp_path, overlay, "networkpolicy", patches)
     (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
     kubernetes_validate.validate(policy, "1.35.0", strict=True)
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -441,16 +421,7 @@ def test_the_networkpolicy_component_lets_only_prometheus_reach_the_port(
     }[scrapers]
     assert expression["values"] == expected
     # Everything else the overlay makes is as without the component.
-    plain = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == list(
-        yaml.safe_load_all(plain.stdout)
-    )
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == (kustomize(ROOT / overlay))
 
 
 def test_the_podmonitor_scrapes_the_daemonsets_named_port():
@@ -471,14 +442,7 @@ def test_every_object_an_overlay_makes_carries_the_label_an_uninstall_can_find(d
     """So that `kubectl get ... -l app.kubernetes.io/part-of=powerdev` finds what
     a partial uninstall left (a cluster-scoped SCC above all), and no selector
     or pod template changed because of it."""
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    for doc in yaml.safe_load_all(done.stdout):
+    for doc in kustomize(ROOT / directory):
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev", doc["kind"]
         if doc["kind"] == "DaemonSet":
             assert doc["spec"]["selector"] == {"matchLabels": {"app": "power-device-plugin"}}

@@ -5,7 +5,6 @@ fields this overlay uses; and the wiring between the pieces (names, ports,
 Secret, CA injection, the command line) that a schema cannot see."""
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -14,6 +13,7 @@ import yaml
 
 from powerdev.cli import build_parser
 from powerdev.webhook.config import WebhookConfig, parse_webhook_config
+from tests.deploy.test_manifests import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "1.35.0"
@@ -31,14 +31,7 @@ def files(*parts: str) -> list[dict]:
 
 
 def built(directory: str) -> list[dict]:
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return list(yaml.safe_load_all(done.stdout))
+    return kustomize(ROOT / directory)
 
 
 def one(docs: list[dict], kind: str, name: str = "power-dev-webhook") -> dict:
