@@ -37,6 +37,14 @@ QUICK = {"cdi_recheck_interval": 0.01}  # ask the kubelet again at once while a 
 
 
 @pytest.fixture
+def specs(tmp_path):
+    """The CDI spec directory the daemon writes to (/var/run/cdi on a node)."""
+    path = tmp_path / "cdi"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
 def cdicheck():
     return require_tool(CDICHECK)
 
@@ -48,10 +56,8 @@ def nodes_of(resolved):
     )
 
 
-async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cdicheck):
+async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cdicheck, specs):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "mapper/mpatha"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
             tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, **QUICK
@@ -91,11 +97,9 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cd
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod, and running as other users")
-async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, cdicheck):
+async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, cdicheck, specs):
     dev = tmp_path / "dev"
     make_nodes(dev, ["dm-0"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     config = config_for(CONFIG.replace('"device-gid": 6', '"device-gid": 4242'))
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev, cdi_spec_dir=specs) as h:
@@ -129,11 +133,9 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, c
 
 
 async def test_turning_cdi_off_answers_devicespecs_and_the_spec_goes_with_its_last_holder(
-    tmp_path, cdicheck
+    tmp_path, cdicheck, specs
 ):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     (tmp_path / "etc").mkdir()
     config_file = tmp_path / "etc" / "config.json"
     config_file.write_text(CONFIG)
@@ -164,12 +166,12 @@ async def test_turning_cdi_off_answers_devicespecs_and_the_spec_goes_with_its_la
 EACH = '{"include-devices": ["/dev/dm-*"], "cdi": true, "allocation": "each"}'
 
 
-async def test_a_device_a_pod_holds_stays_resolvable_across_daemon_restarts(tmp_path, cdicheck):
+async def test_a_device_a_pod_holds_stays_resolvable_across_daemon_restarts(
+    tmp_path, cdicheck, specs
+):
     """ "each": the spec keeps exactly the held devices, read back by the next
     daemon, and goes when no pod holds anything."""
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "dm-2"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     run = partial(daemon_and_kubelet, tmp_path, config_for(EACH), dev_root=dev, cdi_spec_dir=specs)
     with trio.fail_after(LIMIT):
         async with run(**QUICK) as h:
@@ -189,10 +191,8 @@ async def test_a_device_a_pod_holds_stays_resolvable_across_daemon_restarts(tmp_
             assert checked["devices"] == [f"power-dev-plugin/dev={ids[2]}"]
 
 
-async def test_without_the_kubelets_answer_nothing_named_is_forgotten(tmp_path, cdicheck):
+async def test_without_the_kubelets_answer_nothing_named_is_forgotten(tmp_path, cdicheck, specs):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     # A PodResources socket that takes each connection and drops it: the
     # kubelet cannot say what pods hold.
     broken = trio.socket.socket(trio.socket.AF_UNIX)
@@ -229,12 +229,10 @@ async def test_without_the_kubelets_answer_nothing_named_is_forgotten(tmp_path, 
             nursery.cancel_scope.cancel()
 
 
-async def test_a_device_is_dropped_only_on_an_answer_asked_after_it_left(tmp_path, cdicheck):
+async def test_a_device_is_dropped_only_on_an_answer_asked_after_it_left(tmp_path, cdicheck, specs):
     """The kubelet said "nothing held" once; later a pod holds a device that
     then leaves: that old answer must not drop it."""
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
             tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, **QUICK
@@ -251,12 +249,12 @@ async def test_a_device_is_dropped_only_on_an_answer_asked_after_it_left(tmp_pat
             assert inject(cdicheck, [specs], list(grant.cdi_devices))["ok"]
 
 
-async def test_a_resource_served_anew_under_another_socket_keeps_its_spec(tmp_path, cdicheck):
+async def test_a_resource_served_anew_under_another_socket_keeps_its_spec(
+    tmp_path, cdicheck, specs
+):
     """A socket rename removes the resource and adds it again under the same
     name: one spec file, and one writer for it, before and after."""
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
-    specs = tmp_path / "cdi"
-    specs.mkdir()
     (tmp_path / "etc").mkdir()
     config_file = tmp_path / "etc" / "config.json"
 

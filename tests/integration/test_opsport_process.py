@@ -5,13 +5,17 @@ with exit 0. And bad addresses stop it at start with one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import trio
 
@@ -53,60 +57,77 @@ class Lines:
             await self._new.wait()
 
 
+@dataclass
+class Daemon:
+    kubelet: FakeKubelet
+    proc: trio.Process
+    lines: Lines
+    port: int
+
+
+@contextlib.asynccontextmanager
+async def daemon_with_port(
+    plugin_dir: Path, config: Path, dev: Path, *options: str
+) -> AsyncIterator[Daemon]:
+    """`powerdev run --metrics-address 127.0.0.1:0` beside the fake kubelet:
+    yields once it serves the port and the kubelet has its list; killed on
+    the way out if still there."""
+    command = run_command(plugin_dir, config, dev, "--metrics-address", "127.0.0.1:0", *options)
+    async with asyncio_door(), trio.open_nursery() as nursery:
+        kubelet = FakeKubelet(plugin_dir)
+        await nursery.start(kubelet.run)
+        proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
+        lines = Lines(proc.stderr)
+        nursery.start_soon(lines.read)
+        try:
+            found = await lines.wait_for(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
+            await kubelet.wait_until(
+                lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
+            )
+            yield Daemon(kubelet, proc, lines, int(found.group(1)))
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_daemon_process_logs_json_and_its_port_outlasts_bad_clients(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["dm-10", "dm-2", "dm-1"])
     config = tmp_path / "config.json"
     config.write_text('{"include-devices": ["/dev/dm-*"], "permissions": "r"}')
     plugin_dir = tmp_path / "device-plugins"
-    command = run_command(
-        plugin_dir, config, dev, "--metrics-address", "127.0.0.1:0", "--log-format", "json"
-    )
     with trio.fail_after(LIMIT):
-        async with asyncio_door(), trio.open_nursery() as nursery:
-            kubelet = FakeKubelet(plugin_dir)
-            await nursery.start(kubelet.run)
-            proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
-            lines = Lines(proc.stderr)
-            nursery.start_soon(lines.read)
-            try:
-                found = await lines.wait_for(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
-                port = int(found.group(1))
-                await kubelet.wait_until(
-                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
-                )
-                assert (await get(port, "/readyz"))[0] == 200
+        async with daemon_with_port(plugin_dir, config, dev, "--log-format", "json") as d:
+            kubelet, proc, port = d.kubelet, d.proc, d.port
+            assert (await get(port, "/readyz"))[0] == 200
 
-                assert (await http(port, b"\x00\xff" * 5000 + b"\r\n\r\n"))[0] in (400, 431)
-                big = b"GET /readyz HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n"
-                assert (await http(port, big))[0] == 431
-                # Slow clients holding connections: probes still answered at once.
-                held = []
-                for _ in range(100):
-                    stream = await trio.open_tcp_stream("127.0.0.1", port)
-                    await stream.send_all(b"GET /metrics HTTP/1.1\r\n")
-                    held.append(stream)
-                assert (await get(port, "/healthz"))[0] == 200
-                grant = await kubelet.allocate(RESOURCE, ["dm-1"])
-                assert sorted(d.host_path for d in grant.devices) == [
-                    "/dev/dm-1",
-                    "/dev/dm-10",
-                    "/dev/dm-2",
-                ]
-                for stream in held:
-                    await stream.aclose()
-                status, _, body = await get(port, "/metrics")
-                assert status == 200 and b'powerdev_allocate_calls_total{resource="' in body
-                assert proc.returncode is None  # still running
+            assert (await http(port, b"\x00\xff" * 5000 + b"\r\n\r\n"))[0] in (400, 431)
+            big = b"GET /readyz HTTP/1.1\r\nX: " + b"y" * 20_000 + b"\r\n\r\n"
+            assert (await http(port, big))[0] == 431
+            # Slow clients holding connections: probes still answered at once.
+            held = []
+            for _ in range(100):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(b"GET /metrics HTTP/1.1\r\n")
+                held.append(stream)
+            assert (await get(port, "/healthz"))[0] == 200
+            grant = await kubelet.allocate(RESOURCE, ["dm-1"])
+            assert sorted(d.host_path for d in grant.devices) == [
+                "/dev/dm-1",
+                "/dev/dm-10",
+                "/dev/dm-2",
+            ]
+            for stream in held:
+                await stream.aclose()
+            status, _, body = await get(port, "/metrics")
+            assert status == 200 and b'powerdev_allocate_calls_total{resource="' in body
+            assert proc.returncode is None  # still running
 
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-            nursery.cancel_scope.cancel()
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
 
-    records = [json.loads(line) for line in lines.lines if line]
+    records = [json.loads(line) for line in d.lines.lines if line]
     assert records and all(set(r) >= {"time", "level", "logger", "message"} for r in records)
     for record in records:
         assert datetime.fromisoformat(record["time"]).utcoffset() is not None, record["time"]
@@ -138,54 +159,38 @@ async def test_connections_beyond_the_limit_close_the_oldest_and_descriptors_sta
     config = tmp_path / "config.json"
     config.write_text('{"include-devices": ["/dev/dm-*"]}')
     plugin_dir = tmp_path / "device-plugins"
-    command = run_command(plugin_dir, config, dev, "--metrics-address", "127.0.0.1:0")
     limit = opsserver.connection_limit()
     clients = limit * 3  # past twice the limit, the oldest go whatever their age
     with trio.fail_after(LIMIT):
-        async with asyncio_door(), trio.open_nursery() as nursery:
-            kubelet = FakeKubelet(plugin_dir)
-            await nursery.start(kubelet.run)
-            proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
-            lines = Lines(proc.stderr)
-            nursery.start_soon(lines.read)
-            try:
-                found = await lines.wait_for(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
-                port = int(found.group(1))
-                await kubelet.wait_until(
-                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
-                )
-                assert (await get(port, "/readyz"))[0] == 200
-                descriptors, rss = open_descriptors(proc.pid), rss_kib(proc.pid)
+        async with daemon_with_port(plugin_dir, config, dev) as d:
+            proc, lines, port = d.proc, d.lines, d.port
+            assert (await get(port, "/readyz"))[0] == 200
+            descriptors, rss = open_descriptors(proc.pid), rss_kib(proc.pid)
 
-                held: list[trio.SocketStream] = []
-                try:
-                    for _ in range(clients):
-                        held.append(await trio.open_tcp_stream("127.0.0.1", port))
-                    with trio.fail_after(1):
-                        status, _, body = await get(port, "/healthz")
-                    assert status == 200, body
-                    assert open_descriptors(proc.pid) <= descriptors + 2 * limit + 2
-                    assert rss_kib(proc.pid) - rss < 32 * 1024  # KiB
-                    # The oldest were closed by the daemon, the newest are kept.
-                    await held[-1].send_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-                    assert (await held[-1].receive_some(100)).startswith(b"HTTP/1.1 200 ")
-                    assert await held[0].receive_some(100) == b""
-                finally:
-                    for stream in held:
-                        await trio.aclose_forcefully(stream)
-                for path in ("/healthz", "/readyz"):
-                    assert (await get(port, path))[0] == 200
-                # (give or take the last probe's connection, which may be closing)
-                assert open_descriptors(proc.pid) <= descriptors + 1
-                assert any("closing the oldest" in line for line in lines.lines), lines.lines
-                assert proc.returncode is None
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
+            held: list[trio.SocketStream] = []
+            try:
+                for _ in range(clients):
+                    held.append(await trio.open_tcp_stream("127.0.0.1", port))
+                with trio.fail_after(1):
+                    status, _, body = await get(port, "/healthz")
+                assert status == 200, body
+                assert open_descriptors(proc.pid) <= descriptors + 2 * limit + 2
+                assert rss_kib(proc.pid) - rss < 32 * 1024  # KiB
+                # The oldest were closed by the daemon, the newest are kept.
+                await held[-1].send_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await held[-1].receive_some(100)).startswith(b"HTTP/1.1 200 ")
+                assert await held[0].receive_some(100) == b""
             finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-            nursery.cancel_scope.cancel()
+                for stream in held:
+                    await trio.aclose_forcefully(stream)
+            for path in ("/healthz", "/readyz"):
+                assert (await get(port, path))[0] == 200
+            # (give or take the last probe's connection, which may be closing)
+            assert open_descriptors(proc.pid) <= descriptors + 1
+            assert any("closing the oldest" in line for line in lines.lines), lines.lines
+            assert proc.returncode is None
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
 
 
 def test_a_bad_or_busy_metrics_address_stops_the_daemon_with_one_line(tmp_path):

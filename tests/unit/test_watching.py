@@ -2,6 +2,8 @@
 for, on its own queue; views share the kernel's watch of one directory; one
 task waits on the descriptor for all, and another takes over if it leaves."""
 
+import contextlib
+
 import trio
 import trio.testing
 from inotify_simple import flags as F
@@ -39,56 +41,58 @@ async def test_a_view_that_leaves_keeps_a_shared_watch_for_the_other(tmp_path):
         assert names(await stays.events()) == [("c", F.CREATE)]
 
 
-async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_other(tmp_path):
+@contextlib.contextmanager
+def two_views(inotify, tmp_path):
+    """Two views of one instance, each watching its own new directory for CREATE."""
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    with trio.fail_after(LIMIT), Inotify() as inotify:
-        with Watcher(inotify) as a, Watcher(inotify) as b:
-            a.add(one, F.CREATE)
-            b.add(two, F.CREATE)
-            got = {}
-            async with trio.open_nursery() as nursery:
+    with Watcher(inotify) as a, Watcher(inotify) as b:
+        a.add(one, F.CREATE)
+        b.add(two, F.CREATE)
+        yield one, two, a, b
 
-                async def wait(name, view):
-                    got[name] = names(await view.events())
 
-                first = trio.CancelScope()
+async def test_waiters_on_several_views_are_all_woken_and_take_over_from_each_other(tmp_path):
+    with trio.fail_after(LIMIT), Inotify() as inotify, two_views(inotify, tmp_path) as views:
+        one, two, a, b = views
+        got = {}
+        async with trio.open_nursery() as nursery:
 
-                async def wait_then_leave():
-                    with first, Watcher(inotify) as idle:
-                        await idle.wait()
+            async def wait(name, view):
+                got[name] = names(await view.events())
 
-                nursery.start_soon(wait_then_leave)  # the first to wait on the descriptor
-                await trio.testing.wait_all_tasks_blocked()
-                nursery.start_soon(wait, "a", a)
-                nursery.start_soon(wait, "b", b)
-                await trio.testing.wait_all_tasks_blocked()
-                first.cancel()  # it leaves; a or b waits on the descriptor from now on
-                await trio.testing.wait_all_tasks_blocked()
-                (two / "x").write_text("")
-                (one / "y").write_text("")
-            assert got == {"a": [("y", F.CREATE)], "b": [("x", F.CREATE)]}
+            first = trio.CancelScope()
+
+            async def wait_then_leave():
+                with first, Watcher(inotify) as idle:
+                    await idle.wait()
+
+            nursery.start_soon(wait_then_leave)  # the first to wait on the descriptor
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(wait, "a", a)
+            nursery.start_soon(wait, "b", b)
+            await trio.testing.wait_all_tasks_blocked()
+            first.cancel()  # it leaves; a or b waits on the descriptor from now on
+            await trio.testing.wait_all_tasks_blocked()
+            (two / "x").write_text("")
+            (one / "y").write_text("")
+        assert got == {"a": [("y", F.CREATE)], "b": [("x", F.CREATE)]}
 
 
 async def test_events_another_view_read_wake_the_view_that_waits_for_the_descriptor(tmp_path):
     # b waits on the descriptor; a's ready() (an Allocate applying queued
     # events, say) reads b's event off it: b must still wake.
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir()
-    two.mkdir()
-    with trio.fail_after(LIMIT), Inotify() as inotify:
-        with Watcher(inotify) as a, Watcher(inotify) as b:
-            a.add(one, F.CREATE)
-            b.add(two, F.CREATE)
-            async with trio.open_nursery() as nursery:
-                got = []
+    with trio.fail_after(LIMIT), Inotify() as inotify, two_views(inotify, tmp_path) as views:
+        _, two, a, b = views
+        async with trio.open_nursery() as nursery:
+            got = []
 
-                async def wait_b():
-                    got.extend(names(await b.events()))
+            async def wait_b():
+                got.extend(names(await b.events()))
 
-                nursery.start_soon(wait_b)
-                await trio.testing.wait_all_tasks_blocked()  # b waits on the descriptor
-                (two / "z").write_text("")
-                assert a.ready() == []  # reads the descriptor: z is b's
-            assert got == [("z", F.CREATE)]
+            nursery.start_soon(wait_b)
+            await trio.testing.wait_all_tasks_blocked()  # b waits on the descriptor
+            (two / "z").write_text("")
+            assert a.ready() == []  # reads the descriptor: z is b's
+        assert got == [("z", F.CREATE)]
