@@ -152,7 +152,7 @@ class Soak:
 
     async def _strangers(self, port: int) -> None:
         """200 idle connections (opened anew every 5 s), 20 that send a byte a
-    second, garbage every 5 s."""
+        second, garbage every 5 s."""
         held: list[trio.SocketStream] = []
 
         async def idle() -> None:  # the server ends idle ones after a while: open anew

@@ -181,9 +181,7 @@ async def test_healthz_and_readyz_follow_the_kubelet(tmp_path):
             nursery.cancel_scope.cancel()
 
 
-async def test_while_registering_again_the_probes_say_so_alive_and_not_ready(
-    tmp_path, monkeypatch
-):
+async def test_while_registering_again_the_probes_say_so_alive_and_not_ready(tmp_path, monkeypatch):
     """From the moment the daemon sees a reason to register again (here, its
     socket removed, as a kubelet restart does) until the new socket serves,
     the state is re-registering: alive, not ready. The new server's start is
