@@ -62,9 +62,8 @@ class Settings:
     # and so never forget a device a CDI spec once named).
     pod_resources_socket: Path | None = Path(DEFAULT_POD_RESOURCES_SOCKET)
     cdi_recheck_interval: float = 30.0  # seconds between asks while a spec keeps held devices
-    udev: UdevDatabase | None = (
-        None  # udev's database (/run/udev/data), for properties and identities
-    )
+    # udev's database (devices/udevdb.py), for properties and identities
+    udev: UdevDatabase | None = None
     # The flat config form's resource and socket names (the command line's).
     resource_name: str = DEFAULT_RESOURCE_NAME
     socket_name: str = DEFAULT_SOCKET_NAME

@@ -180,10 +180,11 @@ class SpecWriter:
         current = {}
         if resource.cdi and snapshot is not None:
             current = _entries(resource, snapshot.devices)
+        may_hold = _may_be_held(resource, held)
         kept = {
             name: nodes
             for name, nodes in self._entries.items()
-            if name not in current and _may_be_held(resource, name, held)
+            if name not in current and may_hold(name)
         }
         merged = current | kept
         if merged != self._entries or stale:
@@ -229,14 +230,15 @@ class SpecWriter:
             log.warning("could not remove the CDI spec %s: %s", self.path, err.strerror)
 
 
-def _may_be_held(resource: ResourceConfig, name: str, held: set[str] | None) -> bool:
-    """Could a pod hold the device of this CDI name? `held`: the resource's
+def _may_be_held(resource: ResourceConfig, held: set[str] | None) -> Callable[[str], bool]:
+    """Could a pod hold the device of a CDI name? `held`: the resource's
     device IDs some pod holds, as the kubelet just said; None: unknown."""
     if held is None:
-        return True
+        return lambda name: True
     if resource.allocation == "each":
-        return name in {device_name(i) for i in held}
-    return bool(held)  # "all": each holder was answered with every device
+        names = {device_name(i) for i in held}  # once, not once per name
+        return names.__contains__
+    return lambda name: bool(held)  # "all": each holder was answered with every device
 
 
 def _entries(
