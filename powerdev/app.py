@@ -34,6 +34,7 @@ from powerdev.devices.tracker import DeviceEvent, Tracker
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from powerdev.ownership import Ledger
 from powerdev.plugin import Plugin
 from powerdev.registration import serve_resource
 from powerdev.reload import Reloader
@@ -161,6 +162,9 @@ async def run(
                 )
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
+            nursery.start_soon(
+                running.ledger.follow_pods, running.held_ids, settings.cdi_recheck_interval
+            )
             if settings.config_path is not None:
                 reloader = Reloader(settings, running, loaded=config.raw, inotify=inotify)
                 await nursery.start(reloader.run)
@@ -197,6 +201,7 @@ class Running:
         self._retiring: dict[str, trio.CancelScope] = {}
         self._applied = trio.Event()
         self._unheld: str | None = None  # why the kubelet could not say what pods hold
+        self.ledger = Ledger()  # one device, one holder, across the resources
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
         """A resource's plugin, scanned and followed, not yet served."""
@@ -209,6 +214,7 @@ class Running:
             settings.sys_root,
             guard=HostUseGuard(settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS),
             udev=settings.udev,
+            ledger=self.ledger,
         )
         plugin = Plugin(resource, inventory, tracker)
         plugin.refresh = self.refresh
@@ -252,6 +258,7 @@ class Running:
         name = plugin.resource.name
         log.info("%s: gone from the config: stopping it and removing its socket", name)
         self.plugins.remove(plugin)
+        self.ledger.detach(name)
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     import trio
 
-    from powerdev import app, local, opsserver, stepwatch  # after logging is set up
+    from powerdev import app, local, opsserver, ownership, stepwatch  # after logging is set up
     from powerdev.devices.udevdb import Pyudev
 
     if args.command == "bench":
@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.config, resource_name=args.resource_name, socket_name=args.socket_name
             )
             _check_socket_paths(args.plugin_dir, config)
+            udev = Pyudev()
+            ownership.check_devices(config, args.dev_root, args.sys_root, udev)
             port = opsserver.listen(args.metrics_address) if args.metrics_address else None
             settings = app.Settings(
                 plugin_dir=args.plugin_dir,
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 cdi_spec_dir=args.cdi_spec_dir,
                 pod_resources_socket=args.pod_resources_socket,
                 cdi_recheck_interval=args.cdi_recheck_interval,
-                udev=Pyudev(),
+                udev=udev,
                 resource_name=args.resource_name,
                 socket_name=args.socket_name,
                 metrics_socket=port,
@@ -327,9 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                     raise ConfigError(
                         str(args.config), None, "does not exist", "give the path of a config.json"
                     )
-                load_config(
+                config = load_config(
                     args.config, resource_name=args.resource_name, socket_name=args.socket_name
                 )
+                ownership.check_devices(config, args.dev_root, args.sys_root, Pyudev())
             trio.run(
                 app.run_until_signalled,
                 partial(
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: exit 0 with the report for a valid config, 2 for a bad one."""
-    from powerdev import scan
+    from powerdev import ownership, scan
     from powerdev.devices.inuse import HostUseGuard
     from powerdev.devices.udevdb import Pyudev
 
@@ -363,6 +366,11 @@ def _scan(args: argparse.Namespace) -> int:
         return 2
     for warning in config.warnings:  # what `powerdev run` logs at start, said the same way
         print(f"powerdev: warning: {warning}", file=sys.stderr)
+    try:
+        ownership.check_devices(config, args.dev_root, args.sys_root, Pyudev())
+    except ConfigError as err:
+        print(f"powerdev: bad config: {err}", file=sys.stderr)
+        return 2
     guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
     reports = scan.scan(config, args.dev_root, args.sys_root, Pyudev(), guard)
     print(scan.as_json(reports) if args.json else scan.as_text(reports))

@@ -15,6 +15,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.model import Device
 from powerdev.devices.tracker import Tracker
+from powerdev.ownership import Ledger
 
 
 class Plugin:
@@ -37,6 +38,11 @@ class Plugin:
         # Awaited before an Allocate answer is sent: in CDI mode, it makes
         # sure the spec file names what the answer names.
         self.prepare: Callable[[], Awaitable[None]] = _nothing
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The node-wide ledger of who holds which device (ownership.py)."""
+        return self.tracker.ledger if self.tracker is not None else None
 
     @property
     def resource(self) -> ResourceConfig:
@@ -79,6 +85,10 @@ class Plugin:
             return [self._chosen(snapshot, ids) for ids in requests]
         key = (snapshot.version, self.resource)
         if key != self._grant_key:
+            if self.ledger is not None:  # every unit carries every healthy device
+                self.ledger.granted(
+                    self.resource.name, None, (d for d in snapshot.devices if d.healthy)
+                )
             if self.resource.cdi:
                 self._grant = CdiGrant(cdi.qualified_names(self.resource, snapshot.devices))
             else:
@@ -91,6 +101,9 @@ class Plugin:
         if self._by_unit_version != snapshot.version:
             self._by_unit = allocation.by_unit(snapshot.devices)
             self._by_unit_version = snapshot.version
+        if self.ledger is not None:
+            for unit_id in dict.fromkeys(ids):
+                self.ledger.granted(self.resource.name, unit_id, self._by_unit.get(unit_id, ()))
         if self.resource.cdi:
             devices = tuple(d for i in dict.fromkeys(ids) for d in self._by_unit.get(i, ()))
             return CdiGrant(cdi.qualified_names(self.resource, devices))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -31,6 +32,7 @@ from powerdev.config import (
     socket_path_problem,
 )
 from powerdev.configwatch import ConfigWatch
+from powerdev.ownership import check_devices
 from powerdev.plugin import Plugin
 from powerdev.watching import Inotify
 
@@ -155,6 +157,15 @@ class Reloader:
                 )
                 metrics.config_rejected()
                 return False
+        settings = self.settings
+        try:
+            await trio.to_thread.run_sync(
+                partial(check_devices, config, settings.dev_root, settings.sys_root, settings.udev)
+            )
+        except ConfigError as err:
+            log.error("config not applied, the last good one stays in force: %s", err)
+            metrics.config_rejected()
+            return False
         for warning in config.warnings:
             log.warning("%s", warning)
         wanted = {r.name: r for r in config.resources}

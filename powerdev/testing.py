@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import stat
 import sys
@@ -50,19 +51,27 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+# Character major 120 is reserved for local use: no driver takes it.
+NODE_MAJOR = 120
+_minors = itertools.count()
+
+
 def make_nodes(root: Path, names: list[str]) -> str:
-    """Character device nodes (1:3, like /dev/null) under root: made with
-    mknod as root, else links to /dev/null. Returns which it used."""
+    """One character device node per name under root. As root, distinct
+    devices made with mknod (120:N, N never reused in this process), which
+    no driver answers; without root, links to /dev/null, which are all one
+    device. Returns which it used."""
     root.mkdir(parents=True, exist_ok=True)
     real = is_root()
     for name in names:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if real:
-            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            minor = next(_minors) % (1 << 20)
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(NODE_MAJOR, minor))
         else:
             path.symlink_to("/dev/null")
-    return "mknod" if real else "links to /dev/null"
+    return "mknod (distinct devices)" if real else "links to /dev/null (one device)"
 
 
 class LoopControl:

@@ -21,6 +21,7 @@ from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.kit import KitBinary
 from powerdev.plugin import Plugin
 from powerdev.rpc import asyncio_door
+from powerdev.testing import make_nodes
 from powerdev.watching import Watcher
 
 IS_ROOT = os.geteuid() == 0
@@ -67,9 +68,14 @@ def require_command(command: str, package: str) -> Path:
     )
 
 
-def make_dev_tree(root: Path, names: list[str], target: str = "/dev/null") -> Path:
-    """A /dev stand-in whose entries are links to a real character device,
-    so that tests without root still see real device nodes."""
+def make_dev_tree(root: Path, names: list[str], target: str | None = None) -> Path:
+    """A /dev stand-in with one device node per name: as root, distinct
+    character devices made with mknod (testing.make_nodes); without root,
+    links to /dev/null, all one device. With `target`, every name is a link
+    to that real node."""
+    if target is None:
+        make_nodes(root, names)
+        return root
     root.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = root / name

@@ -177,10 +177,32 @@ def describe(
     if resource.allocation == "each" or with_identity:  # a few reads a device: only when used
         found = identity.identity(sys_root, udev, device.kind, number)
     device_id = device.id
-    if found is not None and resource.allocation == "each":
-        device_id = identity.identity_id(*found)
+    if resource.allocation == "each":
+        device_id = unit_id(device, found, sys_root)
     described = f"{found[0]}={found[1]}" if found is not None else None
-    return replace(device, id=device_id, numa=numa, identity=described)
+    whole_disk, has_partitions = identity.place(sys_root, device.kind, number)
+    return replace(
+        device,
+        id=device_id,
+        numa=numa,
+        identity=described,
+        whole_disk=whole_disk,
+        has_partitions=has_partitions,
+    )
+
+
+def unit_id(device: Device, found: tuple[str, str] | None, sys_root: Path) -> str:
+    """ "each": the ID of the unit a device is, the same for every name of it
+    (the node, its /dev/mapper and /dev/disk/by-* links): its identity where
+    it has one; else the kernel's name for the node (sdb, dm-3); else, for a
+    node sysfs does not know, its kind and numbers."""
+    if found is not None:
+        return identity.identity_id(*found)
+    name = identity.kernel_name(sys_root, device.kind, (device.major, device.minor))
+    if name is not None:
+        return device_id(f"{HOST_DEV}/{name}")
+    kind = "block" if device.kind == "b" else "char"
+    return f"{kind}-{device.major}-{device.minor}"
 
 
 def properties_match(

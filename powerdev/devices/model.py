@@ -21,6 +21,16 @@ class Device:
     healthy: bool = True
     numa: int | None = None  # the NUMA node the kernel reports for it, if any
     identity: str | None = None  # what it is, whatever its name: "DM_UUID=mpath-3600..."
+    # Its place among the host's disks (block devices only): the whole
+    # disk's numbers when it is a partition, and whether it is a disk that
+    # has partitions. Two holders must never get overlapping blocks.
+    whole_disk: tuple[int, int] | None = None
+    has_partitions: bool = False
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """The device itself, whatever its name: kind and numbers."""
+        return (self.kind, self.major, self.minor)
 
 
 def device_id(host_path: str) -> str:

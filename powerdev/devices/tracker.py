@@ -15,8 +15,10 @@ device is back under that name, or once the name goes away and returns
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,6 +36,11 @@ from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import HOST_DEV, Device
 from powerdev.devices.udevdb import UdevDatabase
+
+if TYPE_CHECKING:
+    from powerdev.ownership import Ledger
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,7 @@ class Tracker:
         *,
         guard: HostUseGuard | None = None,
         udev: UdevDatabase | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.resource = resource  # in force: what the published list was found under
         self._wanted = resource  # what the next rescan looks for (a reload may change it)
@@ -90,9 +98,18 @@ class Tracker:
         # Keeps devices the host uses out, unless the resource allows them
         # (None: no such screen).
         self.guard = guard
+        # What it finds (screened for host use) before the node-wide ledger
+        # rules on each device (ownership.py); the inventory holds the rulings.
+        self.found: dict[str, Device] = dict(inventory.by_path)
+        self._found_by_key: dict[tuple[str, int, int], set[str]] = {}
+        self._kept_back: dict[str, str] = {}  # path -> why, for paths left out here
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
             self._index(device, add=True)
+            self._found_by_key.setdefault(device.key, set()).add(device.path)
+        self.ledger = ledger
+        if ledger is not None:
+            ledger.attach(resource.name, self.regate)
 
     async def rescan(self, resource: ResourceConfig | None = None) -> bool:
         """Discover everything again; True if the published list changed.
@@ -114,7 +131,7 @@ class Tracker:
         began = self._scan_seq
         try:
             found, unmatched = await trio.to_thread.run_sync(
-                self._discover, using, dict(self.inventory.by_path)
+                self._discover, using, dict(self.found)
             )
         finally:
             self._scans -= 1
@@ -151,13 +168,72 @@ class Tracker:
         self._by_number = {}
         for device in judged:
             self._index(device, add=True)
-        return self.inventory.publish(judged)
+        self._set_found({d.path: d for d in judged}, replace_all=True)
+        ruled = [r for d in judged if (r := self._rule(d)) is not None]
+        changed = self.inventory.publish(ruled)
+        if self.ledger is not None:
+            self.ledger.settle()
+        return changed
+
+    def _set_found(self, changes: dict[str, Device | None], *, replace_all: bool = False) -> None:
+        """Record what was found at these paths (None: nothing), and tell the ledger."""
+        if replace_all:
+            changes = {**dict.fromkeys(self.found), **changes}
+        gone, came = [], []
+        for path, device in changes.items():
+            old = self.found.get(path)
+            same = old is not None and device is not None and _same_place(old, device)
+            if old is not None and not same:
+                gone.append(old)
+                paths = self._found_by_key.get(old.key)
+                if paths is not None:
+                    paths.discard(path)
+                    if not paths:
+                        del self._found_by_key[old.key]
+            if device is None:
+                self.found.pop(path, None)
+                self._kept_back.pop(path, None)
+                if self.ledger is not None:
+                    self.ledger.forget(self.resource.name, path)
+                continue
+            self.found[path] = device
+            if not same:
+                came.append(device)
+                self._found_by_key.setdefault(device.key, set()).add(path)
+        if self.ledger is not None and (gone or came):
+            self.ledger.change(self.resource.name, gone, came)
+
+    def _rule(self, device: Device) -> Device | None:
+        """The device as advertised: as found, Unhealthy, or left out (None)."""
+        listed = device.path in self.inventory.by_path
+        if self.resource.allocation == "each" and device.has_partitions:
+            why = (
+                f"{self.resource.name}: {device.path} is not offered: it is a disk with "
+                'partitions, and in "each" mode its partitions are the units (two pods '
+                "must never share blocks)"
+            )
+            if self._kept_back.get(device.path) != why:
+                self._kept_back[device.path] = why
+                log.warning("%s", why)
+            return replace(device, healthy=False) if listed else None
+        if self._kept_back.pop(device.path, None) is not None:
+            log.info("%s: %s is offered again", self.resource.name, device.path)
+        if self.ledger is None:
+            return device
+        return self.ledger.rule(self.resource, device, listed=listed)
+
+    def regate(self, keys: set[tuple[str, int, int]]) -> None:
+        """Rule again on the devices found with these keys (the ledger asks)."""
+        paths = [p for key in keys for p in self._found_by_key.get(key, ())]
+        if not paths:
+            return
+        self.inventory.update({p: self._rule(self.found[p]) for p in paths})
 
     def apply(self, events: list[DeviceEvent]) -> bool:
         """Re-probe the paths these events name; True if the published list
         changed. Costs what the events touch, not what the resource holds.
         A listed path is always probed again: it may be gone, whatever the event."""
-        listed = self.inventory.by_path
+        listed = self.found
         paths: set[str] = set()
         for event in events:
             paths.update(
@@ -167,9 +243,7 @@ class Tracker:
                 paths.update(self._by_number.get(event.number, ()))
                 # and names left out for their udev properties, which may now match
                 paths.update(self._unmatched.get(event.number, ()))
-        paths.update(
-            recheck_paths(self.guard, self.inventory.by_path, (e.subsystem for e in events))
-        )
+        paths.update(recheck_paths(self.guard, self.found, (e.subsystem for e in events)))
         if self._scans:
             # A rescan under new settings may predate a path that only they
             # want: probe it again once that rescan is published.
@@ -187,7 +261,7 @@ class Tracker:
     def _probe(self, paths: set[str]) -> bool:
         changes: dict[str, Device | None] = {}
         for path in paths:
-            old = self.inventory.by_path.get(path)
+            old = self.found.get(path)
             probed = probe(self.dev_root, path)
             device = None
             if probed is not None and wanted_device(self.resource, probed):
@@ -207,7 +281,13 @@ class Tracker:
                 self._index(device, add=True)
             changes[path] = device
         changes = self._screen(changes)
-        return self.inventory.update(changes)
+        self._set_found(changes)
+        changed = self.inventory.update(
+            {p: self._rule(d) if d is not None else None for p, d in changes.items()}
+        )
+        if self.ledger is not None:
+            self.ledger.settle()
+        return changed
 
     def _screen(self, probed: dict[str, Device | None]) -> dict[str, Device | None]:
         """Control nodes not named literally, and devices the host uses, stay out."""
@@ -218,7 +298,7 @@ class Tracker:
             for path, device in probed.items()
         }
         if self.guard is not None:
-            listed = self.inventory.by_path
+            listed = self.found
             kept = self.guard.screen_changes(kept, listed, allow=self.resource.allow_host_used)
         for path, device in probed.items():
             if device is not None and kept[path] is None:  # not listed after all
@@ -236,3 +316,8 @@ class Tracker:
             paths.add(device.path)
         else:
             paths.discard(device.path)
+
+
+def _same_place(a: Device, b: Device) -> bool:
+    """The same device, in the same place among the disks (what the ledger keeps)."""
+    return a.key == b.key and a.whole_disk == b.whole_disk

@@ -15,7 +15,6 @@ from inotify_simple import flags as iflags
 from powerdev.config import load_config
 from powerdev.kubelet.cdicheck import inject, validate
 from powerdev.kubelet.kit import CDICHECK
-from powerdev.testing import make_nodes
 from powerdev.watching import Watcher
 from tests.conftest import (
     IS_ROOT,
@@ -57,7 +56,7 @@ def nodes_of(resolved):
 
 
 async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cdicheck, specs):
-    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "mapper/mpatha"])
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1", "mapper/mpatha"], target="/dev/null")
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(
             tmp_path, config_for(CONFIG), dev_root=dev, cdi_spec_dir=specs, **QUICK
@@ -98,8 +97,7 @@ async def test_allocate_names_cdi_devices_that_resolve_to_the_nodes(tmp_path, cd
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod, and running as other users")
 async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, cdicheck, specs):
-    dev = tmp_path / "dev"
-    make_nodes(dev, ["dm-0"])
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"], target="/dev/null")  # a node that opens
     config = config_for(CONFIG.replace('"device-gid": 6', '"device-gid": 4242'))
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev, cdi_spec_dir=specs) as h:
@@ -135,7 +133,7 @@ async def test_the_resolved_node_opens_for_its_group_and_no_one_else(tmp_path, c
 async def test_turning_cdi_off_answers_devicespecs_and_the_spec_goes_with_its_last_holder(
     tmp_path, cdicheck, specs
 ):
-    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"], target="/dev/null")
     (tmp_path / "etc").mkdir()
     config_file = tmp_path / "etc" / "config.json"
     config_file.write_text(CONFIG)

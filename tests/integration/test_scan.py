@@ -2,6 +2,7 @@
 out and why; the exit status says whether the config is valid."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -52,7 +53,8 @@ CONFIG = {
 
 @needs_root
 def test_scan_says_what_is_advertised_and_why_the_rest_is_not(tmp_path):
-    dev = make_dev_tree(tmp_path / "dev", ["mapper/mpatha", "mapper/skip", "acc0"])
+    dev = make_dev_tree(tmp_path / "dev", ["mapper/skip", "acc0"])
+    (dev / "mapper" / "mpatha").symlink_to("/dev/null")
     (dev / "mapper" / "lvm").symlink_to("/dev/zero")
     (dev / "mapper" / "notes").write_text("not a device")
     (dev / "loop-control").symlink_to("/dev/null")
@@ -124,7 +126,10 @@ async def test_powerdev_local_shows_several_resources(tmp_path):
     assert "kubelet: registered power-dev-plugin/acc" in text
     assert "kubelet: registered power-dev-plugin/lun" in text
     assert "a pod asking for power-dev-plugin/acc: 1 gets unit acc0 and 1 device node:" in text
-    assert "a pod asking for power-dev-plugin/lun: 1 gets unit lun0 and 1 device node:" in text
+    # mknod nodes sysfs does not know: in "each" mode a unit is named by its numbers
+    assert re.search(
+        r"a pod asking for power-dev-plugin/lun: 1 gets unit char-120-\d+ and 1 device node:", text
+    )
 
 
 def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):

@@ -67,6 +67,7 @@ def test_include_exclude_and_nx_gzip(tmp_path):
     dev = make_dev_tree(
         tmp_path / "dev",
         ["dm-0", "dm-1", "mapper/mpatha", "mapper/control", "sda", "crypto/nx-gzip"],
+        target="/dev/null",
     )
     resource = ResourceConfig(
         include=("/dev/dm-*", "/dev/mapper/*"),

@@ -10,7 +10,7 @@ from tests.conftest import DirectoryUdev, make_dev_tree
 
 
 async def tracker(tmp_path, resource, names=()):
-    dev = make_dev_tree(tmp_path / "dev", list(names))
+    dev = make_dev_tree(tmp_path / "dev", list(names), target="/dev/null")
     t = Tracker(resource, Inventory(), dev, tmp_path / "sys")
     await t.rescan()
     return t, dev

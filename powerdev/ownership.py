@@ -1,0 +1,314 @@
+"""One device, one holder: which resource lists each device, and which unit
+last granted it, across every resource of the node.
+
+Trackers find devices by path, one resource each (devices/tracker.py). The
+ledger sees them by what they are, kind and numbers, so every name of one
+device is one key, and rules on each before a tracker advertises it:
+
+- Overlap. A device that two resources list, or a block device one resource
+  lists while another lists its whole disk or one of its partitions, goes
+  to neither: left out where it was not advertised, Unhealthy where it was.
+  At start and on reload the same finding is a config error
+  (find_overlap()), so at run time it comes only from a change on the host
+  (a new link, a new partition table).
+- Ownership. The ledger remembers, for each device, the unit an Allocate
+  answer last handed it out as: (resource, unit ID) in "each" mode, and
+  (resource, any unit) in "all" mode, where every grant carries every
+  device. A
+  device that comes back as another unit (a LUN unmapped while held and
+  another one mapped at its numbers, a device a reload moved to another
+  resource, a new identity) is Unhealthy until the kubelet's PodResources
+  API, asked after the change, says no pod holds the old unit: a container
+  that held it keeps its cgroup rule for those numbers. While the kubelet
+  cannot be asked, it waits: the safe side. The memory is the daemon's
+  own; it starts empty when powerdev restarts.
+
+Plain data on the Trio thread; the one wait (for the kubelet) is
+Ledger.follow_pods(), run in the supervisor's nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import trio
+
+from powerdev.config import Config, ConfigError, ResourceConfig
+from powerdev.devices.discovery import discover
+from powerdev.devices.model import Device
+from powerdev.devices.udevdb import UdevDatabase
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int, int]  # kind, major, minor
+
+
+def describe_key(key: Key) -> str:
+    return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    resource: str
+    unit: str | None  # None: any unit of the resource ("all" mode)
+
+    def __str__(self) -> str:
+        if self.unit is None:
+            return f"any unit of {self.resource}"
+        return f"unit {self.unit} of {self.resource}"
+
+
+@dataclass(slots=True)
+class _Wait:
+    old: Holder
+    since: int  # the ask count when the wait began: only a later answer ends it
+
+
+Regate = Callable[[set[Key]], None]
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._listers: dict[Key, dict[str, int]] = {}  # key -> resource -> paths listing it
+        self._names: dict[Key, str] = {}  # a path of each listed key, for messages
+        self._disk_of: dict[Key, Key] = {}  # listed partition -> its whole disk
+        self._parts_of: dict[Key, set[Key]] = {}  # whole disk -> its listed partitions
+        self._owners: dict[Key, Holder] = {}
+        self.waiting: dict[Key, _Wait] = {}
+        self._asks = 0  # PodResources asks begun
+        self._dirty: set[Key] = set()
+        self._trackers: dict[str, Regate] = {}
+        self._said: dict[tuple[str, str], str] = {}  # (resource, path) -> what was logged
+        self._wake = trio.Event()
+
+    # --- who lists what ---------------------------------------------------
+
+    def attach(self, resource: str, regate: Regate) -> None:
+        """A resource's tracker: told to rule again on the keys others changed."""
+        self._trackers[resource] = regate
+
+    def detach(self, resource: str) -> None:
+        """A resource no longer served: its listings go, its ownerships stay."""
+        self._trackers.pop(resource, None)
+        for key, listers in list(self._listers.items()):
+            if listers.pop(resource, None) is not None:
+                self._mark(key)
+                if not listers:
+                    self._drop(key)
+        self._said = {k: v for k, v in self._said.items() if k[0] != resource}
+        self.settle()
+
+    def change(self, resource: str, gone: Iterable[Device], came: Iterable[Device]) -> None:
+        """A tracker's found list changed: `gone` devices left it, `came` joined."""
+        for device in gone:
+            listers = self._listers.get(device.key)
+            if listers is None or resource not in listers:
+                continue
+            listers[resource] -= 1
+            if listers[resource] <= 0:
+                del listers[resource]
+                self._mark(device.key)
+            if not listers:
+                self._drop(device.key)
+        for device in came:
+            key = device.key
+            listers = self._listers.setdefault(key, {})
+            if resource not in listers:
+                self._mark(key)
+            listers[resource] = listers.get(resource, 0) + 1
+            self._names.setdefault(key, device.path)
+            if device.whole_disk is not None:
+                disk: Key = ("b", *device.whole_disk)
+                self._disk_of[key] = disk
+                self._parts_of.setdefault(disk, set()).add(key)
+
+    def _drop(self, key: Key) -> None:
+        del self._listers[key]
+        self._names.pop(key, None)
+        disk = self._disk_of.pop(key, None)
+        if disk is not None:
+            parts = self._parts_of.get(disk)
+            if parts is not None:
+                parts.discard(key)
+                if not parts:
+                    del self._parts_of[disk]
+
+    def _mark(self, key: Key) -> None:
+        """Rulings on this key and on its disk's and partitions' may change."""
+        self._dirty.add(key)
+        disk = self._disk_of.get(key)
+        if disk is not None:
+            self._dirty.add(disk)
+        self._dirty.update(self._parts_of.get(key, ()))
+
+    def name_of(self, key: Key) -> str | None:
+        return self._names.get(key)
+
+    def rivals(self, resource: str, device: Device) -> list[str]:
+        """The other resources that list this device or overlapping blocks, as phrases."""
+        found = [
+            f"{other} lists it too"
+            for other in self._listers.get(device.key, {})
+            if other != resource
+        ]
+        if device.whole_disk is not None:
+            disk: Key = ("b", *device.whole_disk)
+            found += [
+                f"{other} lists its whole disk {self._names.get(disk, describe_key(disk))}"
+                for other in self._listers.get(disk, {})
+                if other != resource
+            ]
+        for part in sorted(self._parts_of.get(device.key, ())):
+            found += [
+                f"{other} lists its partition {self._names.get(part, describe_key(part))}"
+                for other in self._listers.get(part, {})
+                if other != resource
+            ]
+        return found
+
+    # --- the ruling -------------------------------------------------------
+
+    def rule(self, resource: ResourceConfig, device: Device, *, listed: bool) -> Device | None:
+        """The device as `resource` may advertise it: as found, Unhealthy,
+        or None (left out). `listed`: it is advertised now."""
+        rivals = self.rivals(resource.name, device)
+        if rivals:
+            self._say(
+                resource.name,
+                device.path,
+                f"{device.path} ({describe_key(device.key)}) is not offered by "
+                f"{resource.name}: {'; '.join(rivals)}. A device belongs to one resource only",
+            )
+            return replace(device, healthy=False) if listed else None
+        mine = Holder(resource.name, device.id if resource.allocation == "each" else None)
+        owner = self._owners.get(device.key)
+        if owner is not None and owner != mine:
+            wait = self.waiting.get(device.key)
+            if wait is None or wait.old != owner:
+                self.waiting[device.key] = _Wait(owner, self._asks)
+                self._wake.set()
+            self._say(
+                resource.name,
+                device.path,
+                f"{device.path} ({describe_key(device.key)}) waits in {resource.name} as "
+                f"{mine}: it was granted as {owner}, and until the kubelet says no pod "
+                "holds that, a pod may still reach it",
+            )
+            return replace(device, healthy=False)
+        self.waiting.pop(device.key, None)
+        if self._said.pop((resource.name, device.path), None) is not None:
+            log.info("%s: %s is offered again", resource.name, device.path)
+        return device
+
+    def granted(self, resource: str, unit: str | None, devices: Iterable[Device]) -> None:
+        """An Allocate answer handed these devices out as `unit` of `resource`
+        (None: "all" mode, where every unit carries them all)."""
+        holder = Holder(resource, unit)
+        for device in devices:
+            self._owners[device.key] = holder
+
+    def _say(self, resource: str, path: str, text: str) -> None:
+        if self._said.get((resource, path)) != text:
+            self._said[(resource, path)] = text
+            log.warning("%s", text)
+
+    def forget(self, resource: str, path: str) -> None:
+        """The resource no longer finds this path: what was said of it is done."""
+        self._said.pop((resource, path), None)
+
+    def settle(self) -> None:
+        """Have every tracker rule again on the keys whose rulings may have changed."""
+        while self._dirty:
+            keys, self._dirty = self._dirty, set()
+            for regate in list(self._trackers.values()):
+                regate(keys)
+
+    # --- waiting for the kubelet -----------------------------------------
+
+    def answered(self, held: dict[str, set[str]], asked: int) -> None:
+        """What pods hold, per the kubelet, in an answer to ask number `asked`:
+        end the waits that began before it and whose old unit no pod holds."""
+        for key, wait in list(self.waiting.items()):
+            if wait.since >= asked:
+                continue  # began after the question was put: the answer may predate it
+            ids = held.get(wait.old.resource, set())
+            still = bool(ids) if wait.old.unit is None else wait.old.unit in ids
+            if not still:
+                log.info(
+                    "%s: the kubelet says no pod holds %s any more",
+                    self._names.get(key, describe_key(key)),
+                    wait.old,
+                )
+                del self.waiting[key]
+                if self._owners.get(key) == wait.old:
+                    del self._owners[key]
+                self._mark(key)
+        self.settle()
+
+    async def follow_pods(
+        self, ask: Callable[[], Awaitable[dict[str, set[str]] | None]], interval: float
+    ) -> None:
+        """While a device waits, ask the kubelet what pods hold: at once,
+        then every `interval` seconds."""
+        while True:
+            if not self.waiting:
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self._asks += 1
+            asked = self._asks
+            held = await ask()
+            if held is not None:
+                self.answered(held, asked)
+            if self.waiting:
+                with trio.move_on_after(interval):
+                    await self._wake.wait()
+
+
+# --- at start and reload -------------------------------------------------------
+
+
+OVERLAP_FIX = (
+    "a device belongs to one resource only: narrow include-devices, add "
+    "exclude-devices, or tell them apart with match-properties"
+)
+
+
+def check_devices(
+    config: Config, dev_root: Path, sys_root: Path, udev: UdevDatabase | None = None
+) -> None:
+    """ConfigError if two resources of the config would list one device
+    (find_overlap); run at start, on reload and by `powerdev scan`."""
+    clash = find_overlap(config.resources, dev_root, sys_root, udev)
+    if clash is not None:
+        index, what = clash
+        raise ConfigError(config.source, f"resources[{index}]", what, OVERLAP_FIX)
+
+
+def find_overlap(
+    resources: Sequence[ResourceConfig],
+    dev_root: Path,
+    sys_root: Path,
+    udev: UdevDatabase | None = None,
+) -> tuple[int, str] | None:
+    """The first device two resources would both list (by kind and numbers,
+    whatever the names), or a block device one lists while another lists its
+    whole disk or a partition of it: (index of the later resource, what
+    clashes). None if there is none. Devices the host uses count too: the
+    host may let go of them."""
+    ledger = Ledger()
+    for i, resource in enumerate(resources):
+        found = discover(resource, dev_root, sys_root, udev)
+        for device in found:
+            rivals = ledger.rivals(resource.name, device)
+            if rivals:
+                also = ledger.name_of(device.key)
+                named = f", as {also}" if also not in (None, device.path) else ""
+                return i, (
+                    f"{resource.name} matches {device.path} ({describe_key(device.key)}) "
+                    f"and {'; '.join(rivals)}{named}"
+                )
+        ledger.change(resource.name, (), found)
+    return None
