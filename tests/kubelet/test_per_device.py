@@ -142,3 +142,23 @@ async def test_a_resource_added_and_removed_by_reload(tmp_path, dmharness):
             assert len(n.log_lines("power-dev-plugin/dev: registered with the kubelet")) == 1, (
                 "\n".join(n.log_lines())
             )
+
+
+async def test_each_a_node_and_its_link_are_one_unit_for_the_kubelet(tmp_path, dmharness):
+    # A node without identity (a character device has none) and a link to
+    # it: one unit, so the kubelet admits one pod, not two on one device.
+    dev = tmp_path / "dev"
+    (dev / "lun").mkdir(parents=True)
+    (dev / "lun" / "a").symlink_to("/dev/null")
+    (dev / "lun" / "b").symlink_to("/dev/null")
+    config = write_config(
+        tmp_path / "config.json", **{"include-devices": ["/dev/lun/*"], "allocation": "each"}
+    )
+    with trio.fail_after(LIMIT):
+        async with node(tmp_path, dmharness, config, dev) as n:
+            await n.wait(1, 1)
+            first = await n.dm.call("admit", "p1", 1)
+            assert first["admitted"]
+            hosts = sorted(d["host"] for d in first["runopts"]["devices"])
+            assert hosts == ["/dev/lun/a", "/dev/lun/b"]
+            assert not (await n.dm.call("admit", "p2", 1))["admitted"]

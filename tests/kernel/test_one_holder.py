@@ -1,0 +1,124 @@
+"""One device, one holder, on real loop devices (root): in "each" mode a
+partitioned disk is offered as its partitions only; a disk in one resource
+and its partition in another is a config error; a loop number that comes
+back bound to another file is not granted while a pod holds the old one.
+
+Loop devices are loop415-loop419 (the range of test_host_use_topology)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.tracker import Tracker
+from powerdev.ownership import find_overlap
+from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command
+from tests.kernel.test_host_use_topology import (
+    DEV,
+    MOUNTINFO,
+    SWAPS,
+    SYS,
+    gpt_image,
+    loop_devices,
+    run,
+    sparse,
+)
+
+pytestmark = [
+    needs_root,
+    pytest.mark.skipif(not os.path.exists("/dev/loop-control"), reason="no /dev/loop-control"),
+]
+FIRST = 415
+LIMIT = 60
+MiB = 1024 * 1024
+
+
+async def test_each_offers_a_partitioned_disk_as_its_partitions_only(tmp_path):
+    require_command("partx", "util-linux")
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
+        resource = ResourceConfig(include=(f"{disk}*",), allocation="each")
+        guard = HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS)
+        tracker = Tracker(resource, Inventory(), DEV, SYS, guard=guard)
+        await tracker.rescan()
+        listed = {d.path: d.healthy for d in tracker.inventory.current.devices}
+        assert listed == {f"{disk}p1": True, f"{disk}p2": True}
+        # "all" mode hands every device to every holder anyway: the disk stays
+        shared = Tracker(ResourceConfig(include=(f"{disk}*",)), Inventory(), DEV, SYS, guard=guard)
+        await shared.rescan()
+        assert {d.path for d in shared.inventory.current.devices} == {
+            disk,
+            f"{disk}p1",
+            f"{disk}p2",
+        }
+
+
+def test_a_disk_in_one_resource_and_its_partition_in_another_overlap(tmp_path):
+    require_command("partx", "util-linux")
+    with loop_devices() as loops:
+        disk = loops.attach(FIRST + 1, gpt_image(tmp_path / "disk.img"), partitions=True)
+        whole = ResourceConfig(name="example.com/disk", include=(disk,))
+        part = ResourceConfig(name="example.com/part", socket="p.sock", include=(f"{disk}p1",))
+        clash = find_overlap([whole, part], DEV, SYS)
+        assert clash == (
+            1,
+            f"example.com/part matches {disk}p1 ({_key(disk + 'p1')}) and "
+            f"example.com/disk lists its whole disk {disk}",
+        )
+        assert find_overlap([part, whole], DEV, SYS) == (
+            1,
+            f"example.com/disk matches {disk} ({_key(disk)}) and "
+            f"example.com/part lists its partition {disk}p1",
+        )
+
+
+def _key(node: str) -> str:
+    st = os.stat(node)
+    return f"block {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
+async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_old(tmp_path):
+    first = sparse(tmp_path / "first.img", 4 * MiB)
+    second = sparse(tmp_path / "second.img", 4 * MiB)
+    config = config_for(f'{{"include-devices": ["/dev/loop{FIRST + 2}"], "allocation": "each"}}')
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        node = loops.attach(FIRST + 2, first)
+        async with daemon_and_kubelet(
+            tmp_path,
+            config,
+            dev_root=Path("/dev"),
+            sys_root=Path("/sys"),
+            uevents="kernel",
+            cdi_recheck_interval=0.05,
+        ) as h:
+            kubelet, name = h.kubelet, h.name
+
+            def units() -> dict[str, str]:
+                return dict(kubelet.resources[name].devices)
+
+            await kubelet.wait_until(lambda k: len(units()) == 1)
+            (old,) = units()
+            assert old.startswith("loop-file.") and units()[old] == "Healthy"
+            await kubelet.allocate(name, [old])
+            kubelet.pods = {"p1": {name: [old]}}
+            # Another LUN at the same numbers: the pod's container may still
+            # reach them, so the new unit is not granted while p1 holds the old.
+            run("losetup", "--detach", node)
+            run("losetup", node, str(second))
+            await kubelet.wait_until(lambda k: old not in units() and len(units()) == 1)
+            (new,) = units()
+            assert new != old
+            await kubelet.wait_until(lambda k: units() == {new: "Unhealthy"})
+            asked = kubelet.pod_resources_asked
+            await kubelet.wait_until(lambda k: k.pod_resources_asked > asked + 1)
+            assert units() == {new: "Unhealthy"}
+            kubelet.pods = {}
+            await kubelet.wait_until(lambda k: units() == {new: "Healthy"})
+            grant = await kubelet.allocate(name, [new])
+            assert [d.host_path for d in grant.devices] == [node]

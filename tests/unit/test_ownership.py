@@ -1,0 +1,69 @@
+"""The ledger's rulings as plain data: rivals by kind and numbers, disks and
+partitions, and waits that only an answer asked after them can end."""
+
+from __future__ import annotations
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.model import Device
+from powerdev.ownership import Ledger
+
+A = ResourceConfig(name="example.com/a", allocation="each")
+B = ResourceConfig(name="example.com/b", socket="b.sock", allocation="each")
+
+
+def dev(path: str, minor: int, id: str | None = None, **fields: object) -> Device:
+    return Device(id or path.removeprefix("/dev/"), path, "b", 8, minor, **fields)
+
+
+def test_one_device_under_two_names_in_two_resources_goes_to_neither():
+    ledger = Ledger()
+    node, link = dev("/dev/sdb", 16), dev("/dev/mapper/x", 16)
+    ledger.change(A.name, (), [node])
+    assert ledger.rule(A, node, listed=False) == node
+    ledger.change(B.name, (), [link])
+    assert ledger.rule(B, link, listed=False) is None
+    assert ledger.rule(A, node, listed=True) == Device("sdb", "/dev/sdb", "b", 8, 16, False)
+    ledger.detach(B.name)
+    assert ledger.rule(A, node, listed=True) == node
+    # a character device with the same numbers is another device
+    ledger.change(B.name, (), [Device("c", "/dev/c", "c", 8, 16)])
+    assert ledger.rule(A, node, listed=True) == node
+
+
+def test_a_disk_and_its_partition_in_two_resources_overlap():
+    ledger = Ledger()
+    disk, part = dev("/dev/sdb", 16, has_partitions=True), dev("/dev/sdb1", 17, whole_disk=(8, 16))
+    ledger.change(A.name, (), [disk])
+    ledger.change(B.name, (), [part])
+    assert ledger.rivals(B.name, part) == ["example.com/a lists its whole disk /dev/sdb"]
+    assert ledger.rivals(A.name, disk) == ["example.com/b lists its partition /dev/sdb1"]
+    ledger.change(B.name, [part], ())
+    assert ledger.rivals(A.name, disk) == []
+
+
+def test_a_wait_ends_only_on_an_answer_asked_after_it_began():
+    ledger = Ledger()
+    old, new = dev("/dev/sdb", 16, id="wwn.old"), dev("/dev/sdb", 16, id="wwn.new")
+    ledger.change(A.name, (), [old])
+    ledger.granted(A.name, "wwn.old", [old])
+    ledger.change(A.name, [old], [new])
+    assert not ledger.rule(A, new, listed=True).healthy
+    ledger.answered({}, asked=0)  # put before the wait began: proves nothing
+    assert not ledger.rule(A, new, listed=True).healthy
+    ledger.answered({A.name: {"wwn.old"}}, asked=1)  # still held
+    assert not ledger.rule(A, new, listed=True).healthy
+    ledger.answered({A.name: {"wwn.other"}}, asked=1)
+    assert ledger.rule(A, new, listed=True) == new
+
+
+def test_all_mode_waits_while_any_unit_of_the_old_resource_is_held():
+    shared = ResourceConfig(name="example.com/a")
+    ledger = Ledger()
+    device = dev("/dev/sdb", 16)
+    ledger.granted(shared.name, None, [device])
+    assert ledger.rule(shared, device, listed=True) == device  # the same holder
+    assert not ledger.rule(B, device, listed=False).healthy
+    ledger.answered({shared.name: {"share-2"}}, asked=1)
+    assert not ledger.rule(B, device, listed=False).healthy
+    ledger.answered({}, asked=1)
+    assert ledger.rule(B, device, listed=False) == device
