@@ -22,7 +22,7 @@ from typing import Protocol
 
 import trio
 
-from powerdev import metrics, oplog, opsserver
+from powerdev import allocation, metrics, oplog, opsserver
 from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriteError, SpecWriter
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
 from powerdev.devices.dirwatch import DirEvents, watch_levels
@@ -162,9 +162,7 @@ async def run(
                 )
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
-            nursery.start_soon(
-                running.ledger.follow_pods, running.held_ids, settings.cdi_recheck_interval
-            )
+            nursery.start_soon(running.follow_pods)
             if settings.config_path is not None:
                 reloader = Reloader(settings, running, loaded=config.raw, inotify=inotify)
                 await nursery.start(reloader.run)
@@ -325,7 +323,8 @@ class Running:
             if self._unheld is None:
                 log.warning(
                     "cannot ask the kubelet which devices pods hold (%s): CDI specs keep "
-                    "every device they named until it answers",
+                    "every device they named, and a device granted as one unit and back "
+                    "as another stays Unhealthy, until it answers",
                     err,
                 )
             self._unheld = str(err)
@@ -334,6 +333,26 @@ class Running:
             log.info("the kubelet's PodResources API answers again")
             self._unheld = None
         return held
+
+    async def follow_pods(self) -> None:
+        """What pods held before this daemon started is what the kubelet
+        says now: those units' devices are owned as if granted here (so a
+        device that changes while held waits). Then, while a device waits
+        for its old unit to be free, the kubelet is asked again."""
+        held = await self.held_ids()
+        if held is not None:
+            for plugin in self.plugins:
+                ids = held.get(plugin.resource.name, set())
+                if not ids:
+                    continue
+                devices = plugin.inventory.current.devices
+                if plugin.resource.allocation != "each":
+                    self.ledger.granted(plugin.resource.name, None, devices)
+                    continue
+                by_unit = allocation.by_unit(devices)
+                for unit in ids:
+                    self.ledger.granted(plugin.resource.name, unit, by_unit.get(unit, ()))
+        await self.ledger.follow_pods(self.held_ids, self.settings.cdi_recheck_interval)
 
     def _watch(self) -> None:
         if self._dirs is not None:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from powerdev.config import DEFAULT_RESOURCE_NAME as NAME
 from powerdev.config import ResourceConfig
+from powerdev.devices.identity import identity_id
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.tracker import Tracker
@@ -83,8 +85,13 @@ def _key(node: str) -> str:
     return f"block {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
-async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_old(tmp_path):
+@pytest.mark.parametrize("held_since", ["this daemon", "before this daemon"])
+async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_old(
+    tmp_path, held_since
+):
     first = sparse(tmp_path / "first.img", 4 * MiB)
+    # before: the kubelet lists the pod when powerdev starts (a restart)
+    earlier = {"p1": {NAME: [identity_id("LOOP_BACKING_FILE", str(first))]}}
     second = sparse(tmp_path / "second.img", 4 * MiB)
     config = config_for(f'{{"include-devices": ["/dev/loop{FIRST + 2}"], "allocation": "each"}}')
     with trio.fail_after(LIMIT), loop_devices() as loops:
@@ -96,6 +103,7 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             sys_root=Path("/sys"),
             uevents="kernel",
             cdi_recheck_interval=0.05,
+            kubelet_pods=earlier if held_since == "before this daemon" else None,
         ) as h:
             kubelet, name = h.kubelet, h.name
 
@@ -105,8 +113,10 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             await kubelet.wait_until(lambda k: len(units()) == 1)
             (old,) = units()
             assert old.startswith("loop-file.") and units()[old] == "Healthy"
-            await kubelet.allocate(name, [old])
+            if held_since == "this daemon":
+                await kubelet.allocate(name, [old])
             kubelet.pods = {"p1": {name: [old]}}
+            assert kubelet.pods == earlier
             # Another LUN at the same numbers: the pod's container may still
             # reach them, so the new unit is not granted while p1 holds the old.
             run("losetup", "--detach", node)
