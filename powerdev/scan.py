@@ -26,6 +26,7 @@ from powerdev.devices.discovery import (
 )
 from powerdev.devices.inuse import HostUse, HostUseGuard
 from powerdev.devices.model import Device
+from powerdev.devices.tracker import EACH_DISK_WITH_PARTITIONS
 from powerdev.devices.udevdb import UdevDatabase
 
 
@@ -89,7 +90,10 @@ def _judge(
         why = use.reason(device)
         if why is not None:
             return None, f"the host uses it: {why}"
-    return describe(resource, device, sys_root, udev, with_identity=True), ""
+    described = describe(resource, device, sys_root, udev, with_identity=True)
+    if described is not None and resource.allocation == "each" and described.has_partitions:
+        return None, EACH_DISK_WITH_PARTITIONS
+    return described, ""
 
 
 def as_text(reports: list[Report]) -> str:

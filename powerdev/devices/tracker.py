@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from powerdev.ownership import Ledger
 
 log = logging.getLogger(__name__)
+EACH_DISK_WITH_PARTITIONS = (
+    'a disk with partitions: in "each" mode its partitions are the units, '
+    "so that two pods never share blocks"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +211,7 @@ class Tracker:
         """The device as advertised: as found, Unhealthy, or left out (None)."""
         listed = device.path in self.inventory.by_path
         if self.resource.allocation == "each" and device.has_partitions:
-            why = (
-                f"{self.resource.name}: {device.path} is not offered: it is a disk with "
-                'partitions, and in "each" mode its partitions are the units (two pods '
-                "must never share blocks)"
-            )
+            why = f"{self.resource.name}: {device.path} is not offered: {EACH_DISK_WITH_PARTITIONS}"
             if self._kept_back.get(device.path) != why:
                 self._kept_back[device.path] = why
                 log.warning("%s", why)

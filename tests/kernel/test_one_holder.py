@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from powerdev import scan
 from powerdev.config import DEFAULT_RESOURCE_NAME as NAME
 from powerdev.config import ResourceConfig
 from powerdev.devices.identity import identity_id
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import Tracker
+from powerdev.devices.tracker import EACH_DISK_WITH_PARTITIONS, Tracker
 from powerdev.ownership import find_overlap
 from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command
 from tests.kernel.test_host_use_topology import (
@@ -51,6 +52,9 @@ async def test_each_offers_a_partitioned_disk_as_its_partitions_only(tmp_path):
         await tracker.rescan()
         listed = {d.path: d.healthy for d in tracker.inventory.current.devices}
         assert listed == {f"{disk}p1": True, f"{disk}p2": True}
+        config = config_for(f'{{"include-devices": ["{disk}*"], "allocation": "each"}}')
+        (report,) = scan.scan(config, DEV, SYS, None, guard)
+        assert dict(report.left_out) == {disk: EACH_DISK_WITH_PARTITIONS}  # scan says so too
         # "all" mode hands every device to every holder anyway: the disk stays
         shared = Tracker(ResourceConfig(include=(f"{disk}*",)), Inventory(), DEV, SYS, guard=guard)
         await shared.rescan()
