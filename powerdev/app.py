@@ -26,18 +26,20 @@ from powerdev import allocation, metrics, oplog, opsserver
 from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriteError, SpecWriter
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
 from powerdev.devices.dirwatch import DirEvents, watch_levels
-from powerdev.devices.discovery import NX_GZIP, missing_directories, why_nothing
+from powerdev.devices.discovery import NX_GZIP, missing_directories
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import DeviceEvent, Tracker
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
-from powerdev.ownership import Ledger
 from powerdev.plugin import Plugin
 from powerdev.registration import serve_resource
 from powerdev.reload import Reloader
+from powerdev.resources.matching import why_nothing
+from powerdev.resources.ownership import Ledger
+from powerdev.resources.tracker import Tracker
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
 from powerdev.status import StatusFile

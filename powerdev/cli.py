@@ -273,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     import trio
 
-    from powerdev import app, local, opsserver, ownership, stepwatch  # after logging is set up
+    from powerdev import app, local, opsserver, stepwatch  # after logging is set up
     from powerdev.devices.udevdb import Pyudev
+    from powerdev.resources import ownership
 
     if args.command == "bench":
         from powerdev import bench as bench_module
@@ -353,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: exit 0 with the report for a valid config, 2 for a bad one."""
-    from powerdev import ownership, scan
+    from powerdev import scan
     from powerdev.devices.inuse import HostUseGuard
     from powerdev.devices.udevdb import Pyudev
+    from powerdev.resources import ownership
 
     try:
         config = load_config(

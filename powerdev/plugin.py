@@ -14,8 +14,8 @@ from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.model import Device
-from powerdev.devices.tracker import Tracker
-from powerdev.ownership import Ledger
+from powerdev.resources.ownership import Ledger
+from powerdev.resources.tracker import Tracker
 
 
 class Plugin:
@@ -41,7 +41,7 @@ class Plugin:
 
     @property
     def ledger(self) -> Ledger | None:
-        """The node-wide ledger of who holds which device (ownership.py)."""
+        """The node-wide ledger of who holds which device (resources/ownership.py)."""
         return self.tracker.ledger if self.tracker is not None else None
 
     @property

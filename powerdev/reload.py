@@ -32,8 +32,8 @@ from powerdev.config import (
     socket_path_problem,
 )
 from powerdev.configwatch import ConfigWatch
-from powerdev.ownership import check_devices
 from powerdev.plugin import Plugin
+from powerdev.resources.ownership import check_devices
 from powerdev.watching import Inotify
 
 if TYPE_CHECKING:

@@ -17,17 +17,12 @@ from pathlib import Path
 
 from powerdev.config import Config, ResourceConfig
 from powerdev.devices import gomatch, identity
-from powerdev.devices.discovery import (
-    candidates,
-    control_allowed,
-    describe,
-    probe,
-    properties_match,
-)
+from powerdev.devices.discovery import control_allowed, probe
 from powerdev.devices.inuse import HostUse, HostUseGuard
 from powerdev.devices.model import Device
-from powerdev.devices.tracker import EACH_DISK_WITH_PARTITIONS
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources.matching import candidates, describe, properties_match
+from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS
 
 
 @dataclass

@@ -1,6 +1,9 @@
-"""Device inventory: what device nodes a resource has, as plain data.
+"""The host's devices, as plain data, knowing no config and no resource.
 
-model.py (Device and its stable ID), discovery.py (scan /dev and /sys, match
-patterns), inventory.py (a versioned snapshot that streams wait on). Nothing
-here knows about gRPC or the kubelet.
+model.py (Device and its stable ID), discovery.py (nodes by path, patterns,
+block devices, control nodes), identity.py (identities, NUMA, place among
+the disks), inuse.py (the host-use rule), inventory.py (a versioned
+snapshot that streams wait on), events.py and its sources (netlink,
+inotify, mounts and swap). Nothing here knows about gRPC, the kubelet or
+powerdev.config; powerdev.resources builds on it.
 """

@@ -21,8 +21,8 @@ from inotify_simple import flags as F
 
 from powerdev.devices import gomatch
 from powerdev.devices.discovery import matches, to_local
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.model import HOST_DEV
-from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
 from powerdev.watching import Inotify, Watcher
 

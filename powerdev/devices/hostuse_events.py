@@ -37,6 +37,7 @@ from pathlib import Path
 
 import trio
 
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inuse import (
     Number,
     live_devices,
@@ -45,7 +46,6 @@ from powerdev.devices.inuse import (
     swap_files,
     swapping,
 )
-from powerdev.devices.tracker import DeviceEvent
 from powerdev.devices.uevents import RESCAN
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyudev
 import trio
 
-from powerdev.devices.tracker import DeviceEvent
+from powerdev.devices.events import DeviceEvent
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 import trio
 
-from powerdev.devices.tracker import DeviceEvent
+from powerdev.devices.events import DeviceEvent
 from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, make_dev_tree
 
 LIMIT = 10

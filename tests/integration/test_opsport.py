@@ -13,7 +13,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from powerdev import app, metrics, opsserver, registration
-from powerdev.devices.tracker import DeviceEvent
+from powerdev.devices.events import DeviceEvent
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError

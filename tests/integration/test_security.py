@@ -6,7 +6,7 @@ import socket
 
 import trio
 
-from powerdev.devices.tracker import DeviceEvent
+from powerdev.devices.events import DeviceEvent
 from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, make_dev_tree
 
 LIMIT = 10

@@ -6,7 +6,7 @@ import stat
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import discover
+from powerdev.resources.matching import discover
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
 
 pytestmark = needs_root

@@ -19,7 +19,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import Tracker
+from powerdev.resources.tracker import Tracker
 from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, bound, loop_control
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
 

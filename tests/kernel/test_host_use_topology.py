@@ -22,10 +22,11 @@ import trio
 from powerdev import scan
 from powerdev.allocation import AllocationRefused, check_request, grant, units
 from powerdev.config import ResourceConfig
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import DeviceEvent, Tracker
+from powerdev.resources.tracker import Tracker
 from powerdev.testing import LoopControl
 from tests.conftest import config_for, needs_root, require_command
 

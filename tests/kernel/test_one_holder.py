@@ -19,8 +19,8 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.identity import identity_id
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import EACH_DISK_WITH_PARTITIONS, Tracker
-from powerdev.ownership import find_overlap
+from powerdev.resources.ownership import find_overlap
+from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS, Tracker
 from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command
 from tests.kernel.test_host_use_topology import (
     DEV,

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import block_candidates, discover, matches, probe
+from powerdev.devices.discovery import block_candidates, matches, probe
 from powerdev.devices.model import device_id
+from powerdev.resources.matching import discover
 from tests.conftest import make_dev_tree
 
 

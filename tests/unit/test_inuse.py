@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import control_allowed, discover, is_control_node
+from powerdev.devices.discovery import control_allowed, is_control_node
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inuse import (
     BlockTopology,
     HostUse,
@@ -25,7 +26,8 @@ from powerdev.devices.inuse import (
 )
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.devices.tracker import DeviceEvent, Tracker
+from powerdev.resources.matching import discover
+from powerdev.resources.tracker import Tracker
 from tests.conftest import make_dev_tree, needs_root
 
 MOUNTINFO = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.model import Device
-from powerdev.ownership import Ledger
+from powerdev.resources.ownership import Ledger
 
 A = ResourceConfig(name="example.com/a", allocation="each")
 B = ResourceConfig(name="example.com/b", socket="b.sock", allocation="each")

@@ -4,8 +4,10 @@ import pytest
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.dirwatch import INOTIFY, watch_levels
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.tracker import DeviceEvent, Tracker, wanted
+from powerdev.resources.matching import wanted
+from powerdev.resources.tracker import Tracker
 from tests.conftest import DirectoryUdev, make_dev_tree
 
 

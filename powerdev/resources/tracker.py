@@ -16,62 +16,29 @@ device is back under that name, or once the name goes away and returns
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import (
-    NX_GZIP,
-    control_allowed,
-    describe,
-    discover,
-    is_virtual_block,
-    matches_any,
-    probe,
-)
+from powerdev.devices.discovery import control_allowed, probe
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.model import HOST_DEV, Device
+from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources.matching import describe, discover, wanted, wanted_device
 
 if TYPE_CHECKING:
-    from powerdev.ownership import Ledger
+    from powerdev.resources.ownership import Ledger
 
 log = logging.getLogger(__name__)
 EACH_DISK_WITH_PARTITIONS = (
     'a disk with partitions: in "each" mode its partitions are the units, '
     "so that two pods never share blocks"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceEvent:
-    """One uevent, as plain data."""
-
-    action: str  # add, remove, change, move, bind, unbind, ...
-    paths: tuple[str, ...]  # host paths: the node, then its links (udev source only)
-    subsystem: str
-    number: tuple[int, int] | None = None  # major, minor
-
-
-def wanted_device(resource: ResourceConfig, device: Device) -> bool:
-    """After probing: block discovery (no include patterns) lists block nodes only."""
-    return bool(resource.include) or device.kind == "b" or device.path == NX_GZIP
-
-
-def wanted(resource: ResourceConfig, host_path: str, subsystem: str) -> bool:
-    """Would discovery list this path for this resource (if it is a device node)?"""
-    if matches_any(resource.exclude, host_path):
-        return False
-    if resource.nx_gzip and host_path == NX_GZIP:
-        return True
-    if resource.include:
-        return matches_any(resource.include, host_path)
-    name = host_path.removeprefix(HOST_DEV + "/")
-    return subsystem == "block" and "/" not in name and not is_virtual_block(name)
 
 
 class Tracker:

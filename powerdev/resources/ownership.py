@@ -1,7 +1,7 @@
 """One device, one holder: which resource lists each device, and which unit
 last granted it, across every resource of the node.
 
-Trackers find devices by path, one resource each (devices/tracker.py). The
+Trackers find devices by path, one resource each (resources/tracker.py). The
 ledger sees them by what they are, kind and numbers, so every name of one
 device is one key, and rules on each before a tracker advertises it:
 
@@ -37,9 +37,9 @@ from pathlib import Path
 import trio
 
 from powerdev.config import Config, ConfigError, ResourceConfig
-from powerdev.devices.discovery import discover
 from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources.matching import discover
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,8 @@
+"""Resources as views over the host's devices.
+
+Each resource of the config lists the devices its patterns and properties
+match (matching.py), kept in step with the host by its tracker
+(tracker.py), and a node-wide ledger (ownership.py) makes sure one device
+goes to one resource and one holder at a time. May import powerdev.config
+and powerdev.devices; powerdev.devices never imports this package.
+"""
