@@ -146,3 +146,35 @@ async def test_the_daemon_holds_one_inotify_instance_whatever_it_watches(tmp_pat
             await kubelet.wait_until(lambda k: "example.com/d" in k.resources)
             assert inotify_instances(daemon.proc.pid) == 1
             assert await daemon.terminate() == 0
+
+
+async def test_a_reload_that_puts_one_device_in_two_resources_is_refused(tmp_path):
+    a, b = "example.com/a", "example.com/b"
+    dev = tmp_path / "dev"
+    make_nodes(dev, ["a/x", "b/z"])
+    (dev / "c").mkdir()
+    (dev / "c" / "y").symlink_to(dev / "a" / "x")  # one device, a second name
+
+    def resources(b_patterns: list[str]) -> list[dict[str, object]]:
+        return [
+            {"name": a, "socket": "a.sock", "include-devices": ["/dev/a/*"]},
+            {"name": b, "socket": "b.sock", "include-devices": b_patterns},
+        ]
+
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    volume.write(resources=resources(["/dev/b/*"]))
+    with trio.fail_after(LIMIT):
+        async with (
+            kubelet_running(tmp_path / "device-plugins") as (kubelet, _),
+            spawn(tmp_path, volume.path, dev) as daemon,
+        ):
+            await kubelet.wait_until(
+                lambda k: all(r in k.resources and k.resources[r].capacity == 1 for r in (a, b))
+            )
+            volume.write(resources=resources(["/dev/b/*", "/dev/c/*"]))
+            text = await wait_for_file(daemon.log, lambda t: "config not applied" in t)
+            (line,) = [x for x in text.splitlines() if "config not applied" in x]
+            assert f"field 'resources[1]': {b} matches /dev/c/y" in line
+            assert f"{a} lists it too, as /dev/a/x" in line
+            assert kubelet.resources[a].devices == {"a.x": "Healthy"}  # the last good config
+            assert list(kubelet.resources[b].devices) == ["b.z"]
