@@ -503,6 +503,7 @@ class HostUse:
         self.direct = dict(direct)
         self.direct_names = dict(direct_names or {})
         self._judged: dict[str, dict[str, _Why]] = {}  # name -> the uses in its group
+        self._groups: dict[str, list[str]] = {}  # name -> the names of its group
         # table order, for going breadth first from the direct uses in it
         self._rank: dict[Number | str, int] = {
             key: i for i, key in enumerate([*self.direct, *self.direct_names])
@@ -519,6 +520,26 @@ class HostUse:
                 if why is not None:
                     return f"an alias of {disk}, which is {why}"
         return None
+
+    def group(self, device: Device) -> frozenset[Number]:
+        """The block devices the rule joins this device to (itself included;
+        for a disk alias, its disks' groups): what can change its answer."""
+        topo = self.topology
+        if device.kind == "b":
+            name = topo.name((device.major, device.minor))
+            names = self._group_of(name) if name is not None else []
+        elif device.kind == "c":
+            names = [
+                n
+                for disk in topo.aliased_disks((device.major, device.minor))
+                for n in self._group_of(disk)
+            ]
+        else:
+            names = []
+        numbers = {number for n in names if (number := topo.number(n)) is not None}
+        if device.kind == "b":
+            numbers.add((device.major, device.minor))
+        return frozenset(numbers)
 
     def is_alias(self, device: Device) -> bool:
         """A character device that reaches a disk (whether used or not)."""
@@ -564,6 +585,8 @@ class HostUse:
         )
 
     def _group_of(self, name: str) -> list[str]:
+        if name in self._groups:
+            return self._groups[name]
         seen = {name: None}
         queue = deque([name])
         while queue:
@@ -571,7 +594,10 @@ class HostUse:
                 if other not in seen:
                     seen[other] = None
                     queue.append(other)
-        return list(seen)
+        group = list(seen)
+        for member in group:
+            self._groups[member] = group
+        return group
 
     def _direct_text(self, name: str) -> str | None:
         number = self.topology.number(name)
@@ -700,6 +726,10 @@ class HostUseGuard:
         self.jbd2 = jbd2 if jbd2 is not None or swaps is None else swaps.parent / "fs" / "jbd2"
         self.left_out: dict[str, str] = {}  # host path -> why, for devices kept out
         self.aliases: set[str] = set()  # listed character aliases of disks
+        # What each judged device was joined to when last judged, and the
+        # other way round: a block event looks again at these alone.
+        self._group_of: dict[str, frozenset[Number]] = {}  # host path -> its group
+        self._joined: dict[Number, set[str]] = {}  # block device -> paths grouped with it
 
     def survey(self) -> HostUse:
         """One look at the host: read the tables now, sysfs as asked."""
@@ -730,6 +760,7 @@ class HostUseGuard:
         use = self.survey()
         back = []
         for path, device in changes.items():
+            self._remember(path, use.group(device) if device is not None else frozenset())
             why = use.reason(device) if device is not None else None
             if device is not None and use.is_alias(device):
                 self.aliases.add(path)
@@ -756,15 +787,56 @@ class HostUseGuard:
         for path in list(paths):
             self.left_out.pop(path, None)
 
+    def _remember(self, path: str, group: frozenset[Number]) -> None:
+        old = self._group_of.pop(path, frozenset())
+        for number in old - group:
+            paths = self._joined.get(number)
+            if paths is not None:
+                paths.discard(path)
+                if not paths:
+                    del self._joined[number]
+        if group:
+            self._group_of[path] = group
+            for number in group - old:
+                self._joined.setdefault(number, set()).add(path)
+
+    def touched(self, numbers: Iterable[Number]) -> set[str] | None:
+        """The paths whose answer block events on these devices may change:
+        those judged with one of them in their group, and every device in
+        the groups they are in now (a new partition joins its disk). None
+        if a number is unknown (then everything is looked at)."""
+        topology = BlockTopology(self.sys_root, self.dev_root)
+        use = HostUse(topology, {})
+        found: set[str] = set()
+        for number in numbers:
+            members = {number}
+            name = topology.name(number)
+            if name is not None:
+                members.update(
+                    n for m in use._group_of(name) if (n := topology.number(m)) is not None
+                )
+            for member in members:
+                found.update(self._joined.get(member, ()))
+        return found
+
 
 def recheck_paths(
-    guard: HostUseGuard | None, listed: Mapping[str, Device], subsystems: Iterable[str]
+    guard: HostUseGuard | None,
+    listed: Mapping[str, Device],
+    events: Iterable[tuple[str, Number | None]],
 ) -> set[str]:
-    """Paths to probe again after device events: when a block device came,
-    went or changed, holders and partitions may have changed, so every listed
-    block device, every listed character alias of a disk, and every device
-    left out for host use is looked at again."""
-    if guard is None or "block" not in set(subsystems):
+    """Paths to probe again after device events (subsystem, number): when a
+    block device came, went or changed, holders and partitions may have
+    changed, for the devices joined to it and no others: those the last
+    screening grouped with it, and those grouped with it now. A block event
+    without a number (inotify on a directory) looks at every listed block
+    device, listed disk alias and device left out for host use."""
+    if guard is None:
         return set()
-    again = {p for p, d in listed.items() if d.kind == "b" or p in guard.aliases}
-    return again | set(guard.left_out)
+    numbers = [number for subsystem, number in events if subsystem == "block"]
+    if not numbers:
+        return set()
+    if None in numbers:
+        again = {p for p, d in listed.items() if d.kind == "b" or p in guard.aliases}
+        return again | set(guard.left_out)
+    return guard.touched(n for n in numbers if n is not None) or set()

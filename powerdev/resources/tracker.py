@@ -210,7 +210,9 @@ class Tracker:
                 paths.update(self._by_number.get(event.number, ()))
                 # and names left out for their udev properties, which may now match
                 paths.update(self._unmatched.get(event.number, ()))
-        paths.update(recheck_paths(self.guard, self.found, (e.subsystem for e in events)))
+        paths.update(
+            recheck_paths(self.guard, self.found, ((e.subsystem, e.number) for e in events))
+        )
         if self._scans:
             # A rescan under new settings may predate a path that only they
             # want: probe it again once that rescan is published.

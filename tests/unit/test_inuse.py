@@ -418,10 +418,14 @@ def test_patterns_that_reach_a_host_disk_through_an_alias_are_screened(tmp_path)
         "/dev/bsg/0:0:0:0": "an alias of sdx, which is the whole disk of sdx1, "
         "which is mounted at /boot",
     }
-    # the aliases listed are looked at again when a block device changes
+    # a block event looks again at what is joined to its device: the
+    # aliases of sdx for its partition sdx1, not the NVMe devices
     listed = {d.path: d for d in kept}
-    assert recheck_paths(guard, listed, ["block"]) == set(listed) | set(guard.left_out)
-    assert recheck_paths(guard, listed, ["misc"]) == set()
+    assert recheck_paths(guard, listed, [("block", (8, 241))]) == set(guard.left_out)
+    # one without a number (a directory event) at everything; others at nothing
+    everything = set(listed) | set(guard.left_out)
+    assert recheck_paths(guard, listed, [("block", None)]) == everything
+    assert recheck_paths(guard, listed, [("misc", (10, 1))]) == set()
     assert tracker.guard is guard
 
 
