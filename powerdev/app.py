@@ -341,7 +341,16 @@ class Running:
         says now: those units' devices are owned as if granted here (so a
         device that changes while held waits). Then, while a device waits
         for its old unit to be free, the kubelet is asked again."""
-        held = await self.held_ids()
+        socket = self.settings.pod_resources_socket
+        held = None
+        if socket is not None and not await trio.Path(socket).exists():
+            log.info(
+                "no PodResources socket at %s (yet): a device that changes while a pod "
+                "holds it waits until the kubelet can be asked",
+                socket,
+            )
+        else:
+            held = await self.held_ids()
         if held is not None:
             for plugin in self.plugins:
                 ids = held.get(plugin.resource.name, set())
