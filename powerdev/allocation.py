@@ -69,7 +69,9 @@ def check_request(ids: Sequence[str], advertised: dict[str, Unit]) -> None:
             )
         if not unit.healthy:
             raise AllocationRefused(
-                f"device ID {unit_id!r} is Unhealthy: its device node is gone from the host"
+                f"device ID {unit_id!r} is Unhealthy: its device is now another one, the "
+                "host uses it, another resource also matches it, or a pod may still hold "
+                "it as another unit (powerdev's log says which)"
             )
 
 
