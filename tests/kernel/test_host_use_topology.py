@@ -24,7 +24,7 @@ from powerdev.allocation import AllocationRefused, check_request, grant, units
 from powerdev.config import ResourceConfig
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
-from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.resources.tracker import Tracker
 from powerdev.testing import LoopControl
@@ -364,3 +364,25 @@ async def test_the_members_of_an_md_array_are_held(tmp_path):
         (md,) = holders(a)
         assert md.startswith("md")
         await assert_left_out({a: f"held by {md}", b: f"held by {md}"})
+
+
+async def test_a_holder_that_comes_and_goes_is_seen_by_its_event_alone(tmp_path):
+    # No rescan: the event of the loop device stacked on a listed one is
+    # enough, both ways (joined now when it comes, joined before when it goes).
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        inner = loops.attach(FIRST + 13, sparse(tmp_path / "inner.img", 8 * MiB))
+        bystander = loops.attach(FIRST + 14, sparse(tmp_path / "other.img", 8 * MiB))
+        tracker = guarded_tracker()
+        await tracker.rescan()
+        assert listed(tracker) == {inner: True, bystander: True}
+        outer = loops.attach(FIRST + 15, inner)
+        number = number_of(outer)
+        tracker.apply([DeviceEvent("add", (outer,), "block", number)])
+        # held by the outer one: Unhealthy; the outer one is free to grant
+        assert listed(tracker) == {inner: False, bystander: True, outer: True}
+        # what the next event of the outer one looks at again: not the bystander
+        touched = recheck_paths(tracker.guard, tracker.found, [("block", number)])
+        assert touched == {inner, outer}
+        run("losetup", "--detach", outer)
+        tracker.apply([DeviceEvent("change", (outer,), "block", number)])
+        assert listed(tracker) == {inner: True, bystander: True, outer: True}
