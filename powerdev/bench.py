@@ -132,6 +132,7 @@ class Daemon:
         )
         self.log = plugin_dir.parent / "powerdev.log"
         self.proc: trio.Process | None = None
+        self._steps: dict[str, object] | None = None
 
     async def start(self) -> None:
         env = {**os.environ, stepwatch.REPORT_ENV: str(self.steps)}
@@ -147,17 +148,20 @@ class Daemon:
         return self.proc.pid
 
     async def stop(self) -> None:
+        """SIGTERM, and once it has exited, its report of the longest steps
+        (read now: the temp dir it is in may go before anyone asks)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         with trio.move_on_after(STOP_TIMEOUT):
             await self.proc.wait()
-            return
-        self.proc.kill()
-        await self.proc.wait()
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self._steps = stepwatch.read(self.steps)
 
     def longest_step(self) -> dict[str, object] | None:
         """After stop(): the longest Trio steps the daemon saw."""
-        return stepwatch.read(self.steps)
+        return self._steps
 
 
 def add_longest_step(
