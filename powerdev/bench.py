@@ -4,8 +4,11 @@ real sockets, measured the way an admin judges a per-node daemon.
 It reports, at each device count: time from process start to the kubelet's
 first full list; Allocate latency (each grant carries every device); idle
 CPU over a window; RSS; and the longest time one Trio task step held the
-daemon's thread. Once: kubelet restart to re-registration, and (as root)
-uevent to ListAndWatch message for real loop devices.
+daemon's thread. As root, also at each device count: powerdev's own part of
+a block device event on a synthetic host with the host-use rule on, and the
+longest Trio step meanwhile (uevent_bench.py). Once: kubelet restart to
+re-registration, and (as root) uevent to ListAndWatch message for real loop
+devices.
 
 Where the kubelet's real device manager (dmharness) is on the machine, also
 at each device count: the first pod admission right after start, steady
@@ -20,15 +23,19 @@ import json
 import os
 import platform
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from powerdev import stepwatch
+from powerdev import stepwatch, uevent_bench
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.devices.uevents import NetlinkEvents
 from powerdev.kubelet.devicemanager import DeviceManager
@@ -46,6 +53,7 @@ from powerdev.testing import (
 )
 
 STOP_TIMEOUT = 10.0
+PROFILE_ENV = "POWERDEV_BENCH_PROFILE"  # PATH: cProfile stats of the device events, PATH-<n>.pstats
 WAIT_LIMIT = 60.0  # no single wait in the bench may take longer
 
 
@@ -65,6 +73,8 @@ class Plan:
     allocations: int = 300
     restarts: int = 50
     uevents: int = 50
+    # uevent_bench.py: cycles of a disk added, a disk changed, the disk removed
+    event_cycles: int = 50
     idle_seconds: float = 10.0
     admissions: int = 50  # against the real device manager
     kubelet_restarts: int = 10
@@ -75,6 +85,7 @@ QUICK = Plan(
     allocations=20,
     restarts=5,
     uevents=4,
+    event_cycles=4,
     idle_seconds=1.0,
     admissions=5,
     kubelet_restarts=2,
@@ -132,6 +143,7 @@ class Daemon:
         )
         self.log = plugin_dir.parent / "powerdev.log"
         self.proc: trio.Process | None = None
+        self._steps: dict[str, object] | None = None
 
     async def start(self) -> None:
         env = {**os.environ, stepwatch.REPORT_ENV: str(self.steps)}
@@ -147,17 +159,20 @@ class Daemon:
         return self.proc.pid
 
     async def stop(self) -> None:
+        """SIGTERM, and once it has exited, its report of the longest steps
+        (read now: the temp dir it is in may go before anyone asks)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         with trio.move_on_after(STOP_TIMEOUT):
             await self.proc.wait()
-            return
-        self.proc.kill()
-        await self.proc.wait()
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self._steps = stepwatch.read(self.steps)
 
     def longest_step(self) -> dict[str, object] | None:
         """After stop(): the longest Trio steps the daemon saw."""
-        return stepwatch.read(self.steps)
+        return self._steps
 
 
 def add_longest_step(
@@ -414,6 +429,102 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
             nursery.cancel_scope.cancel()
 
 
+async def measure_device_events(
+    n: int, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """powerdev's own part of a device event (uevent_bench.py, a child
+    process), with this process as its kubelet."""
+    if not is_root():
+        say("  device events: skipped (needs root: the host's block nodes are made with mknod)")
+        return
+    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
+        root = Path(tmp)
+        plugin_dir = root / "device-plugins"
+        log = root / "powerdev.log"
+        command = [
+            *(sys.executable, "-m", "powerdev.uevent_bench", "--root", str(root / "host")),
+            *("--plugin-dir", str(plugin_dir), "--devices", str(n)),
+            *("--cycles", str(plan.event_cycles)),
+        ]
+        profile = os.environ.get(PROFILE_ENV)
+        if profile:
+            command += ["--profile", f"{profile}-{n}.pstats"]
+        async with trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            with log.open("a") as stderr:
+                child = await trio.lowlevel.open_process(
+                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+                )
+            try:
+                assert child.stdout is not None and child.stdin is not None
+                lines = uevent_bench.JsonLines(child.stdout, child.stdin)
+                report, at_kubelet = await kubelet_for(kubelet, lines)
+            except (EOFError, trio.TooSlowError, RuntimeError) as err:
+                tail = "\n".join(log.read_text().splitlines()[-15:])
+                raise RuntimeError(
+                    f"bench: device events at {n}: {err}; its log ends:\n{tail}"
+                ) from None
+            finally:
+                with trio.move_on_after(STOP_TIMEOUT):
+                    await child.wait()
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+            nursery.cancel_scope.cancel()
+    published = report["add"] + report["remove"]
+    name = "device event to published list"
+    results.add(f"{name} (add and remove)", n, **spread(published))
+    results.add(f"{name} (add)", n, **spread(report["add"]))
+    results.add(f"{name} (remove)", n, **spread(report["remove"]))
+    results.add("device event that changes nothing, to applied", n, **spread(report["change"]))
+    results.add("device event to the list at the fake kubelet", n, **spread(at_kubelet))
+    steps = report["steps"]
+    task = steps["steps"][0]["task"] if steps["steps"] else "-"
+    results.add("longest Trio step (device events)", n, ms=steps["longest_ms"], task=task, **steps)
+    say(
+        f"  {n} devices ({report['listed']} listed): to published {spread(published)}; "
+        f"change {spread(report['change'])}; at the kubelet {spread(at_kubelet)}; "
+        f"longest Trio step {steps['longest_ms']} ms ({task})"
+    )
+
+
+async def kubelet_for(
+    kubelet: FakeKubelet, lines: uevent_bench.JsonLines
+) -> tuple[dict[str, Any], list[float]]:
+    """Answer the child's waits until it reports: (its report, seconds from
+    each event's hand-over to the list at this kubelet)."""
+    at_kubelet: list[float] = []
+    first = 0  # lists the kubelet had when the child began
+    while True:
+        with trio.fail_after(WAIT_LIMIT):
+            message = await lines.read()
+        if "result" in message:
+            return message["result"], at_kubelet  # type: ignore[return-value]
+        wait: dict[str, Any] = message["wait"]  # type: ignore[assignment]
+        if "devices" in wait:
+            await wait_for(kubelet, "the first full list", partial(_has_count, wait["devices"]))
+            first = kubelet.resources[RESOURCE].updates
+        else:
+            what = f"the list after {wait['id']} {'came' if wait['present'] else 'went'}"
+            await wait_for(kubelet, what, partial(_has_list, first, wait))
+            at_kubelet.append(time.monotonic() - wait["taken"])
+        await lines.write({"ok": True})
+
+
+def _has_count(count: int, kubelet: FakeKubelet) -> bool:
+    state = kubelet.resources.get(RESOURCE)
+    return state is not None and state.connected and state.capacity == count
+
+
+def _has_list(first: int, wait: dict[str, Any], kubelet: FakeKubelet) -> bool:
+    """The kubelet has every list published since the first, and the last one
+    has the device or not as it should."""
+    state = kubelet.resources[RESOURCE]
+    listed = wait["id"] in state.devices
+    return state.updates >= first + wait["publications"] and listed == wait["present"]
+
+
 def table(results: Results) -> str:
     lines = ["| measure | devices | result |", "| --- | --- | --- |"]
     for row in results.rows:
@@ -452,6 +563,9 @@ async def run_bench(
         for n in plan.sizes:
             say(f'measuring "each" allocation with {n} device nodes')
             await measure_each(n, plan, results, say)
+        for n in plan.sizes:
+            say(f"measuring device events with {n} block nodes (host-use rule on)")
+            await measure_device_events(n, plan, results, say)
         say("measuring uevents with real loop devices")
         await measure_uevents(plan, results, say)
         binary = DMHARNESS.find()

@@ -1,9 +1,10 @@
 """The longest time the Trio thread was held by one task step.
 
-A Trio instrument, installed only when POWERDEV_STEP_REPORT names a file
-(`powerdev bench` sets it): every task step is timed, and the longest few,
-with their task names, are written to that file as JSON when the daemon
-exits. A long step is time in which nothing else ran: no signal handled,
+A Trio instrument, installed in the daemon only when POWERDEV_STEP_REPORT
+names a file (`powerdev bench` sets it): every task step is timed, and the
+longest few, with their task names, are written to that file as JSON when
+the daemon exits. uevent_bench.py installs one in-process for a while
+(trio.lowlevel.add_instrument); the step that installs it is not counted. A long step is time in which nothing else ran: no signal handled,
 no Allocate answered.
 """
 
@@ -24,15 +25,20 @@ KEEP = 5
 class StepWatch(trio.abc.Instrument):
     def __init__(self) -> None:
         self._began = 0.0
+        self._stepping: trio.lowlevel.Task | None = None
         self._resumed_at = ""
         # a min-heap of (seconds, task name, where the step resumed)
         self.longest: list[tuple[float, str, str]] = []
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._resumed_at = _innermost(task.coro)
+        self._stepping = task
         self._began = time.perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is not self._stepping:
+            return  # installed during this step (add_instrument): its start is unknown
+        self._stepping = None
         took = time.perf_counter() - self._began
         entry = (took, task.name, self._resumed_at)
         if len(self.longest) < KEEP:

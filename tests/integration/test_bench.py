@@ -1,8 +1,24 @@
 """`powerdev bench --quick` runs end to end; figures are reported, never asserted."""
 
 import json
+import os
 import subprocess
 import sys
+
+import trio
+
+from powerdev import bench
+from powerdev.rpc import asyncio_door
+from tests.conftest import needs_root
+
+EVENT_MEASURES = {
+    "device event to published list (add and remove)",
+    "device event to published list (add)",
+    "device event to published list (remove)",
+    "device event that changes nothing, to applied",
+    "device event to the list at the fake kubelet",
+    "longest Trio step (device events)",
+}
 
 
 def test_quick_bench_reports_every_measure(tmp_path):
@@ -25,10 +41,39 @@ def test_quick_bench_reports_every_measure(tmp_path):
         "kubelet restart to re-registration",
         "each: Allocate (two devices)",
         "each: GetPreferredAllocation (4 of all)",
+        "longest Trio step (fake kubelet run)",
     } <= measures
     allocate = next(r for r in report["rows"] if r["measure"] == "Allocate")
     assert allocate["n"] == 20 and allocate["answer_bytes"] > 0
     assert "| measure | devices | result |" in done.stdout
+    if os.geteuid() == 0:
+        assert EVENT_MEASURES <= measures
+    else:
+        assert "device events: skipped (needs root" in done.stdout
+
+
+@needs_root
+async def test_device_events_are_timed_to_the_published_list_with_the_host_use_rule_on():
+    """The synthetic host's host-used disk stays out; every event of every
+    cycle is timed, and the longest Trio step meanwhile is reported."""
+    results = bench.Results()
+    said: list[str] = []
+    with trio.fail_after(60):
+        async with asyncio_door():
+            await bench.measure_device_events(40, bench.QUICK, results, said.append)
+    rows = {row["measure"]: row for row in results.rows}
+    assert set(rows) == EVENT_MEASURES
+    cycles = bench.QUICK.event_cycles
+    assert rows["device event to published list (add and remove)"]["n"] == 2 * cycles
+    for measure in ("add", "remove"):
+        assert rows[f"device event to published list ({measure})"]["n"] == cycles
+    assert rows["device event that changes nothing, to applied"]["n"] == cycles
+    assert rows["device event to the list at the fake kubelet"]["n"] == 2 * cycles
+    step = rows["longest Trio step (device events)"]
+    assert step["ms"] > 0 and step["steps"]
+    assert all(row["devices"] == 40 for row in results.rows)
+    # 40 nodes, of which the host uses five: sda, its three partitions and dm-0
+    assert "(35 listed)" in said[0]
 
 
 def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
