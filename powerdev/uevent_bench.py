@@ -56,8 +56,8 @@ import trio
 
 from powerdev import app, logformat, stepwatch
 from powerdev.config import load_config
+from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inventory import Inventory, Snapshot
-from powerdev.devices.tracker import DeviceEvent
 
 Number = tuple[int, int]
 
