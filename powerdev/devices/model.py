@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 HOST_DEV = "/dev"
 MAX_ID_LENGTH = 63  # the API documents this bound for Device.ID
@@ -26,11 +26,12 @@ class Device:
     # has partitions. Two holders must never get overlapping blocks.
     whole_disk: tuple[int, int] | None = None
     has_partitions: bool = False
+    # The device itself, whatever its name: kind and numbers (kept, since
+    # the node-wide ledger asks it of every device at every look).
+    key: tuple[str, int, int] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, int, int]:
-        """The device itself, whatever its name: kind and numbers."""
-        return (self.kind, self.major, self.minor)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.kind, self.major, self.minor))
 
 
 def device_id(host_path: str) -> str:

@@ -39,6 +39,7 @@ import trio
 from powerdev.config import Config, ConfigError, ResourceConfig
 from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources.index import Index
 from powerdev.resources.matching import discover
 
 log = logging.getLogger(__name__)
@@ -72,14 +73,17 @@ Regate = Callable[[set[Key]], None]
 
 class Ledger:
     def __init__(self) -> None:
-        self._listers: dict[Key, dict[str, int]] = {}  # key -> resource -> paths listing it
+        self._listers = Index()  # key -> the resources listing it
+        self._paths = Index()  # (key, resource) -> its paths, where more than one
         self._names: dict[Key, str] = {}  # a path of each listed key, for messages
         self._disk_of: dict[Key, Key] = {}  # listed partition -> its whole disk
         self._parts_of: dict[Key, set[Key]] = {}  # whole disk -> its listed partitions
         self._owners: dict[Key, Holder] = {}
         self.waiting: dict[Key, _Wait] = {}
         self._asks = 0  # PodResources asks begun
-        self._dirty: set[Key] = set()
+        # keys whose rulings may have changed -> the resource whose own
+        # change it was (it has ruled on it since; the others must), if any
+        self._dirty: dict[Key, str | None] = {}
         self._trackers: dict[str, Regate] = {}
         self._said: dict[tuple[str, str], str] = {}  # (resource, path) -> what was logged
         self._wake = trio.Event()
@@ -93,10 +97,11 @@ class Ledger:
     def detach(self, resource: str) -> None:
         """A resource no longer served: its listings go, its ownerships stay."""
         self._trackers.pop(resource, None)
-        for key, listers in list(self._listers.items()):
-            if listers.pop(resource, None) is not None:
-                self._mark(key)
-                if not listers:
+        for key in self._listers.keys():
+            if self._listers.discard(key, resource):
+                self._paths.forget((key, resource))
+                self._mark(key, resource)
+                if key not in self._listers:
                     self._drop(key)
         self._said = {k: v for k, v in self._said.items() if k[0] != resource}
         self.settle()
@@ -104,29 +109,30 @@ class Ledger:
     def change(self, resource: str, gone: Iterable[Device], came: Iterable[Device]) -> None:
         """A tracker's found list changed: `gone` devices left it, `came` joined."""
         for device in gone:
-            listers = self._listers.get(device.key)
-            if listers is None or resource not in listers:
+            key = device.key
+            if self._paths.discard((key, resource), device.path):
+                continue  # another name of it is still listed
+            others = self._paths.get((key, resource))
+            if others:  # so is the first name's stand-in
+                self._paths.discard((key, resource), others[0])
                 continue
-            listers[resource] -= 1
-            if listers[resource] <= 0:
-                del listers[resource]
-                self._mark(device.key)
-            if not listers:
-                self._drop(device.key)
+            if self._listers.discard(key, resource):
+                self._mark(key, resource)
+                if key not in self._listers:
+                    self._drop(key)
         for device in came:
             key = device.key
-            listers = self._listers.setdefault(key, {})
-            if resource not in listers:
-                self._mark(key)
-            listers[resource] = listers.get(resource, 0) + 1
-            self._names.setdefault(key, device.path)
             if device.whole_disk is not None:
                 disk: Key = ("b", *device.whole_disk)
                 self._disk_of[key] = disk
                 self._parts_of.setdefault(disk, set()).add(key)
+            if self._listers.add(key, resource):
+                self._names.setdefault(key, device.path)
+                self._mark(key, resource)
+            else:
+                self._paths.add((key, resource), device.path)
 
     def _drop(self, key: Key) -> None:
-        del self._listers[key]
         self._names.pop(key, None)
         disk = self._disk_of.pop(key, None)
         if disk is not None:
@@ -136,13 +142,13 @@ class Ledger:
                 if not parts:
                     del self._parts_of[disk]
 
-    def _mark(self, key: Key) -> None:
-        """Rulings on this key and on its disk's and partitions' may change."""
-        self._dirty.add(key)
-        disk = self._disk_of.get(key)
-        if disk is not None:
-            self._dirty.add(disk)
-        self._dirty.update(self._parts_of.get(key, ()))
+    def _mark(self, key: Key, by: str | None = None) -> None:
+        """Rulings on this key and on its disk's and partitions' may change.
+        `by`: the resource whose listing changed, which rules on these keys
+        itself right after; every other resource must rule again."""
+        for each in (key, self._disk_of.get(key), *self._parts_of.get(key, ())):
+            if each is not None:
+                self._dirty[each] = by
 
     def name_of(self, key: Key) -> str | None:
         return self._names.get(key)
@@ -150,21 +156,19 @@ class Ledger:
     def rivals(self, resource: str, device: Device) -> list[str]:
         """The other resources that list this device or overlapping blocks, as phrases."""
         found = [
-            f"{other} lists it too"
-            for other in self._listers.get(device.key, {})
-            if other != resource
+            f"{other} lists it too" for other in self._listers.get(device.key) if other != resource
         ]
         if device.whole_disk is not None:
             disk: Key = ("b", *device.whole_disk)
             found += [
                 f"{other} lists its whole disk {self._names.get(disk, describe_key(disk))}"
-                for other in self._listers.get(disk, {})
+                for other in self._listers.get(disk)
                 if other != resource
             ]
         for part in sorted(self._parts_of.get(device.key, ())):
             found += [
                 f"{other} lists its partition {self._names.get(part, describe_key(part))}"
-                for other in self._listers.get(part, {})
+                for other in self._listers.get(part)
                 if other != resource
             ]
         return found
@@ -174,6 +178,15 @@ class Ledger:
     def rule(self, resource: ResourceConfig, device: Device, *, listed: bool) -> Device | None:
         """The device as `resource` may advertise it: as found, Unhealthy,
         or None (left out). `listed`: it is advertised now."""
+        key = device.key
+        if (
+            not self._listers.several(key)
+            and key not in self._disk_of
+            and key not in self._parts_of
+            and key not in self._owners
+            and not self._said
+        ):
+            return device  # the common case: nothing to rule on
         rivals = self.rivals(resource.name, device)
         if rivals:
             self._say(
@@ -222,9 +235,11 @@ class Ledger:
     def settle(self) -> None:
         """Have every tracker rule again on the keys whose rulings may have changed."""
         while self._dirty:
-            keys, self._dirty = self._dirty, set()
-            for regate in list(self._trackers.values()):
-                regate(keys)
+            dirty, self._dirty = self._dirty, {}
+            for name, regate in list(self._trackers.items()):
+                keys = {key for key, excused in dirty.items() if excused != name}
+                if keys:
+                    regate(keys)
 
     # --- waiting for the kubelet -----------------------------------------
 

@@ -29,6 +29,7 @@ from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources.index import Index
 from powerdev.resources.matching import describe, discover, wanted, wanted_device
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ class Tracker:
         self.dev_root = dev_root
         self.sys_root = sys_root
         self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
-        self._by_number: dict[tuple[int, int], set[str]] = {}  # numbers -> listed paths
         self.udev = udev  # udev's database, for properties and identities
         self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
         self._scans = 0  # rescans running now
@@ -72,12 +72,11 @@ class Tracker:
         # What it finds (screened for host use) before the node-wide ledger
         # rules on each device (ownership.py); the inventory holds the rulings.
         self.found: dict[str, Device] = dict(inventory.by_path)
-        self._found_by_key: dict[tuple[str, int, int], set[str]] = {}
+        self._found_by_key = Index()  # key -> the paths found for it
         self._kept_back: dict[str, str] = {}  # path -> why, for paths left out here
         for device in inventory.by_path.values():
             self._identity[device.path] = (device.major, device.minor)
-            self._index(device, add=True)
-            self._found_by_key.setdefault(device.key, set()).add(device.path)
+            self._found_by_key.add(device.key, device.path)
         self.ledger = ledger
         if ledger is not None:
             ledger.attach(resource.name, self.regate)
@@ -136,9 +135,6 @@ class Tracker:
             if path not in present:
                 del self._identity[path]
         judged = [self._judge(d) for d in found]
-        self._by_number = {}
-        for device in judged:
-            self._index(device, add=True)
         self._set_found({d.path: d for d in judged}, replace_all=True)
         ruled = [r for d in judged if (r := self._rule(d)) is not None]
         changed = self.inventory.publish(ruled)
@@ -148,29 +144,31 @@ class Tracker:
 
     def _set_found(self, changes: dict[str, Device | None], *, replace_all: bool = False) -> None:
         """Record what was found at these paths (None: nothing), and tell the ledger."""
-        if replace_all:
-            changes = {**dict.fromkeys(self.found), **changes}
+        found, by_key = self.found, self._found_by_key
+        if replace_all and found:
+            changes = {**dict.fromkeys(found), **changes}
         gone, came = [], []
         for path, device in changes.items():
-            old = self.found.get(path)
-            same = old is not None and device is not None and _same_place(old, device)
-            if old is not None and not same:
+            old = found.get(path)
+            if old is not None:
+                if (
+                    device is not None
+                    and old.key == device.key
+                    and old.whole_disk == device.whole_disk
+                ):
+                    found[path] = device  # the same device, in the same place
+                    continue
                 gone.append(old)
-                paths = self._found_by_key.get(old.key)
-                if paths is not None:
-                    paths.discard(path)
-                    if not paths:
-                        del self._found_by_key[old.key]
+                by_key.discard(old.key, path)
             if device is None:
-                self.found.pop(path, None)
+                found.pop(path, None)
                 self._kept_back.pop(path, None)
                 if self.ledger is not None:
                     self.ledger.forget(self.resource.name, path)
                 continue
-            self.found[path] = device
-            if not same:
-                came.append(device)
-                self._found_by_key.setdefault(device.key, set()).add(path)
+            found[path] = device
+            came.append(device)
+            by_key.add(device.key, path)
         if self.ledger is not None and (gone or came):
             self.ledger.change(self.resource.name, gone, came)
 
@@ -191,7 +189,7 @@ class Tracker:
 
     def regate(self, keys: set[tuple[str, int, int]]) -> None:
         """Rule again on the devices found with these keys (the ledger asks)."""
-        paths = [p for key in keys for p in self._found_by_key.get(key, ())]
+        paths = [p for key in keys for p in self._found_by_key.get(key)]
         if not paths:
             return
         self.inventory.update({p: self._rule(self.found[p]) for p in paths})
@@ -207,7 +205,8 @@ class Tracker:
                 p for p in event.paths if p in listed or wanted(self.resource, p, event.subsystem)
             )
             if event.number is not None:  # links we list to a node that changed
-                paths.update(self._by_number.get(event.number, ()))
+                for kind in "bc":
+                    paths.update(self._found_by_key.get((kind, *event.number)))
                 # and names left out for their udev properties, which may now match
                 paths.update(self._unmatched.get(event.number, ()))
         paths.update(
@@ -230,7 +229,6 @@ class Tracker:
     def _probe(self, paths: set[str]) -> bool:
         changes: dict[str, Device | None] = {}
         for path in paths:
-            old = self.found.get(path)
             probed = probe(self.dev_root, path)
             device = None
             if probed is not None and wanted_device(self.resource, probed):
@@ -244,10 +242,6 @@ class Tracker:
                 self._identity.pop(path, None)
             else:
                 device = self._judge(device)
-            if old is not None:
-                self._index(old, add=False)
-            if device is not None:
-                self._index(device, add=True)
             changes[path] = device
         changes = self._screen(changes)
         self._set_found(changes)
@@ -271,22 +265,9 @@ class Tracker:
             kept = self.guard.screen_changes(kept, listed, allow=self.resource.allow_host_used)
         for path, device in probed.items():
             if device is not None and kept[path] is None:  # not listed after all
-                self._index(device, add=False)
                 self._identity.pop(path, None)
         return kept
 
     def _judge(self, device: Device) -> Device:
         first = self._identity.setdefault(device.path, (device.major, device.minor))
         return device if first == (device.major, device.minor) else replace(device, healthy=False)
-
-    def _index(self, device: Device, *, add: bool) -> None:
-        paths = self._by_number.setdefault((device.major, device.minor), set())
-        if add:
-            paths.add(device.path)
-        else:
-            paths.discard(device.path)
-
-
-def _same_place(a: Device, b: Device) -> bool:
-    """The same device, in the same place among the disks (what the ledger keeps)."""
-    return a.key == b.key and a.whole_disk == b.whole_disk

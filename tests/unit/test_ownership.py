@@ -67,3 +67,17 @@ def test_all_mode_waits_while_any_unit_of_the_old_resource_is_held():
     assert not ledger.rule(B, device, listed=False).healthy
     ledger.answered({}, asked=1)
     assert ledger.rule(B, device, listed=False) == device
+
+
+def test_a_device_stays_listed_while_any_of_its_names_is():
+    ledger = Ledger()
+    node, link, other = dev("/dev/sdb", 16), dev("/dev/mapper/x", 16), dev("/dev/by-id/y", 16)
+    ledger.change(A.name, (), [node, link, other])
+    for gone in (node, other):  # the first name goes first, then another
+        ledger.change(A.name, [gone], ())
+        ledger.change(B.name, (), [Device("z", "/dev/z", "b", 8, 16)])
+        assert ledger.rivals(B.name, link) == ["example.com/a lists it too"]
+        ledger.detach(B.name)
+    ledger.change(A.name, [link], ())
+    ledger.change(B.name, (), [link])
+    assert ledger.rivals(B.name, link) == []
