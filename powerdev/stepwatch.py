@@ -4,8 +4,9 @@ A Trio instrument, installed in the daemon only when POWERDEV_STEP_REPORT
 names a file (`powerdev bench` sets it): every task step is timed, and the
 longest few, with their task names, are written to that file as JSON when
 the daemon exits. uevent_bench.py installs one in-process for a while
-(trio.lowlevel.add_instrument); the step that installs it is not counted. A long step is time in which nothing else ran: no signal handled,
-no Allocate answered.
+(trio.lowlevel.add_instrument); the step that installs it is not counted.
+A long step is time in which nothing else ran: no signal handled, no
+Allocate answered.
 """
 
 from __future__ import annotations
