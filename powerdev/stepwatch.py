@@ -59,14 +59,17 @@ class StepWatch(trio.abc.Instrument):
 
 
 def _innermost(coro: object) -> str:
-    """Where a suspended coroutine chain will resume: its deepest frame."""
-    where = ""
+    """Where a suspended coroutine chain will resume: its deepest frame, and
+    the deepest of powerdev's own when that is another."""
+    where = ours = ""
     while coro is not None:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is not None:
             where = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}"
+            if "/powerdev/" in frame.f_code.co_filename:
+                ours = f"{frame.f_code.co_filename.rsplit('/powerdev/', 1)[-1]}:{frame.f_lineno}"
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-    return where
+    return where if ours in ("", where) else f"{where} in {ours}"
 
 
 def from_environment() -> tuple[StepWatch, Path] | None:
