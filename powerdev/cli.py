@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     import trio
 
-    from powerdev import app, local, opsserver, stepwatch  # after logging is set up
+    from powerdev import app, opsserver, stepwatch  # after logging is set up
     from powerdev.devices.udevdb import Pyudev
     from powerdev.resources import ownership
 
@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 if steps:
                     stepwatch.write(*steps)
         else:
+            from powerdev import local  # the fake kubelet: never in the daemon
+
             if args.config is not None:  # named by the user: it must exist and be good
                 if not args.config.is_file():
                     raise ConfigError(
