@@ -41,7 +41,8 @@ from powerdev.devices.uevents import NetlinkEvents
 from powerdev.kubelet.devicemanager import DeviceManager
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.kit import DMHARNESS
-from powerdev.rpc import PluginClient, asyncio_door
+from powerdev.rpc import asyncio_door
+from powerdev.rpc.kubelet_side import PluginClient
 from powerdev.testing import (
     FIRST_LOOP,
     LOOP_PATTERN,

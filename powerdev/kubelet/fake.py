@@ -29,8 +29,15 @@ import trio.lowlevel
 
 from powerdev.config import resource_name_problem
 from powerdev.kubelet.paths import API_VERSION, KUBELET_SOCKET
-from powerdev.rpc import PluginClient, RegisterRefused, asyncio_door, serve_registration
-from powerdev.rpc.kubelet_side import ContainerGrant, Holders, serve_pod_resources
+from powerdev.rpc import asyncio_door
+from powerdev.rpc.kubelet_side import (
+    ContainerGrant,
+    Holders,
+    PluginClient,
+    RegisterRefused,
+    serve_pod_resources,
+    serve_registration,
+)
 
 log = logging.getLogger(__name__)
 DIAL_TIMEOUT = 10.0

@@ -15,8 +15,7 @@ import trio.lowlevel
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.probe import socket_answers
-from powerdev.rpc import PluginClient
-from powerdev.rpc.kubelet_side import PluginCallError
+from powerdev.rpc.kubelet_side import PluginCallError, PluginClient
 from powerdev.testing import is_root, make_nodes
 from tests.conftest import wait_for_file
 from tests.faults.harness import kubelet_running, registered, spawn, write_config

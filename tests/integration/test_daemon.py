@@ -12,8 +12,8 @@ from powerdev import app
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.paths import KUBELET_SOCKET
 from powerdev.probe import socket_answers
-from powerdev.rpc import PluginClient, asyncio_door
-from powerdev.rpc.kubelet_side import PluginCallError
+from powerdev.rpc import asyncio_door
+from powerdev.rpc.kubelet_side import PluginCallError, PluginClient
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree, wait_for_file
 
 LIMIT = 10  # seconds; every wait below is on an event, this only bounds a hang

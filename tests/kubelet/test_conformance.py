@@ -20,7 +20,8 @@ import trio
 from powerdev.kubelet.cdicheck import inject
 from powerdev.kubelet.fake import FakeKubelet
 from powerdev.kubelet.kit import CDICHECK
-from powerdev.rpc import PluginClient, asyncio_door
+from powerdev.rpc import asyncio_door
+from powerdev.rpc.kubelet_side import PluginClient
 from powerdev.testing import is_root, loop_control, make_nodes
 from tests.conftest import require_tool, wait_for_file
 from tests.kubelet.conftest import daemon, node, write_config
