@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import os
@@ -315,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_socket=port,
             )
             steps = stepwatch.from_environment()
+            # What the imports made lives as long as the daemon. Collected
+            # once now and frozen, the collector never scans it again: the
+            # daemon's first full collection scans what the daemon made,
+            # not every module (at 10,000 devices it took 20 to 35 ms, and
+            # landed in the step that publishes the first scan).
+            gc.collect()
+            gc.freeze()
             try:
                 trio.run(
                     app.run_until_signalled,
