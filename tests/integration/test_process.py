@@ -174,7 +174,7 @@ def health(status_file: Path, *flags: str) -> subprocess.CompletedProcess:
 
 
 async def test_health_follows_the_daemon_from_waiting_to_registered_to_gone(tmp_path):
-    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"], target="/dev/null")
     config = tmp_path / "config.json"
     config.write_text('{"include-devices": ["/dev/dm-*"]}')
     plugin_dir, status = tmp_path / "device-plugins", tmp_path / "run" / "status.json"
@@ -226,3 +226,50 @@ def test_health_imports_neither_trio_nor_grpc(tmp_path):
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+async def test_the_daemon_serving_imports_no_fake_kubelet(tmp_path):
+    """RSS: `powerdev run`, registered and having answered an Allocate, has
+    never imported `powerdev local`'s fake kubelet or the kubelet's side of
+    the API."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"], target="/dev/null")
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/dm-*"]}')
+    plugin_dir = tmp_path / "device-plugins"
+    args = run_command(plugin_dir, config, dev)[3:]  # after: python -m powerdev
+    unwanted = (
+        "powerdev.local",
+        "powerdev.kubelet.fake",
+        "powerdev.rpc.kubelet_side",
+    )
+    script = (
+        "import sys\n"
+        "from powerdev import cli\n"
+        f"cli.main({args!r})\n"
+        f"unwanted = {unwanted!r}\n"
+        "print(sorted(m for m in sys.modules if m.startswith(unwanted)))\n"
+    )
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            kubelet = FakeKubelet(plugin_dir)
+            await nursery.start(kubelet.run)
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-c", script], stdout=subprocess.PIPE
+            )
+            try:
+                await kubelet.wait_until(
+                    lambda k: RESOURCE in k.resources and k.resources[RESOURCE].updates
+                )
+                allocated = await kubelet.allocate(RESOURCE, ["dm-0"])
+                assert [d.host_path for d in allocated.devices] == ["/dev/dm-0"]
+                proc.send_signal(signal.SIGTERM)
+                assert proc.stdout is not None
+                printed = b""
+                while chunk := await proc.stdout.receive_some():
+                    printed += chunk
+                assert await proc.wait() == 0
+            finally:
+                proc.kill()
+                await proc.wait()
+            nursery.cancel_scope.cancel()
+    assert printed.decode().strip().splitlines()[-1] == "[]"
