@@ -313,6 +313,8 @@ def find_overlap(
     whole disk or a partition of it: (index of the later resource, what
     clashes). None if there is none. Devices the host uses count too: the
     host may let go of them."""
+    if len(resources) < 2:
+        return None  # one resource cannot overlap itself: no look needed
     ledger = Ledger()
     for i, resource in enumerate(resources):
         found = discover(resource, dev_root, sys_root, udev)
