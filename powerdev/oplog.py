@@ -6,6 +6,7 @@ reason, rate-limited). Plain functions and small state; no Trio.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import time
@@ -28,9 +29,15 @@ def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
-def natural_key(name: str) -> tuple[Any, ...]:
-    """Sort key that orders numbers by value: loop4, loop5, loop42."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key that orders numbers by value: loop4, loop5, loop42. (Text
+    and numbers alternate, text first, so two keys always compare.)"""
+    parts: list[Any] = _DIGITS.split(name)
+    parts[1::2] = map(int, parts[1::2])
+    return parts
 
 
 def short_name(path: str) -> str:
@@ -39,9 +46,9 @@ def short_name(path: str) -> str:
 
 
 def names(paths: Iterable[str], most: int = MOST_NAMES) -> str:
-    ordered = sorted((short_name(p) for p in paths), key=natural_key)
-    shown = ", ".join(ordered[:most])
-    left = len(ordered) - most
+    every = [short_name(p) for p in paths]
+    shown = ", ".join(heapq.nsmallest(most, every, key=natural_key))
+    left = len(every) - most
     return shown + (f" and {left:,} more" if left > 0 else "")
 
 
