@@ -169,9 +169,13 @@ async def run(
                 await nursery.start(
                     opsserver.serve, settings.metrics_socket, running.plugins, running.status
                 )
+            # Before any device event is applied: what pods hold now is owned.
+            await running.seed_owners()
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
-            nursery.start_soon(running.follow_pods)
+            nursery.start_soon(
+                running.ledger.follow_pods, running.held_ids, settings.cdi_recheck_interval
+            )
             if settings.config_path is not None:
                 reloader = Reloader(settings, running, loaded=config.raw, inotify=inotify)
                 await nursery.start(reloader.run)
@@ -343,11 +347,11 @@ class Running:
             self._unheld = None
         return held
 
-    async def follow_pods(self) -> None:
+    async def seed_owners(self) -> None:
         """What pods held before this daemon started is what the kubelet
-        says now: those units' devices are owned as if granted here (so a
-        device that changes while held waits). Then, while a device waits
-        for its old unit to be free, the kubelet is asked again."""
+        says now: those units' devices are owned as if granted here, so a
+        device that changes while held waits. Asked once, at start, before
+        device events are applied (at most the PodResources timeout)."""
         socket = self.settings.pod_resources_socket
         held = None
         if socket is not None and not await trio.Path(socket).exists():
@@ -370,7 +374,6 @@ class Running:
                 by_unit = allocation.by_unit(devices)
                 for unit in ids:
                     self.ledger.granted(plugin.resource.name, unit, by_unit.get(unit, ()))
-        await self.ledger.follow_pods(self.held_ids, self.settings.cdi_recheck_interval)
 
     def _watch(self) -> None:
         if self._dirs is not None:
