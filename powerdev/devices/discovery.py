@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from powerdev.devices import gomatch
+from powerdev.devices import gomatch, identity
 from powerdev.devices.model import HOST_DEV, Device, device_id
 
 NX_GZIP = "/dev/crypto/nx-gzip"
@@ -100,20 +100,8 @@ def block_candidates(sys_root: Path) -> list[str]:
     for name in names:
         if is_virtual_block(name):
             continue
-        paths.append(f"{HOST_DEV}/{_devname(class_block / name) or name}")
+        paths.append(f"{HOST_DEV}/{identity.devname(class_block / name) or name}")
     return paths
-
-
-def _devname(sys_dir: Path) -> str | None:
-    """DEVNAME from a sysfs uevent file (the node's name under /dev)."""
-    try:
-        text = (sys_dir / "uevent").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("DEVNAME="):
-            return line.partition("=")[2]
-    return None
 
 
 def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:

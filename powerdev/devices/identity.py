@@ -224,74 +224,11 @@ def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
     return None
 
 
-_KPARTX = re.compile(r"part\d+-")  # a kpartx partition map's DM_UUID: part<N>-<the disk's>
-
-
-def _number_at(where: str) -> Number | None:
-    try:
-        with open(os.path.join(where, "dev")) as f:
-            major, sep, minor = f.read().strip().partition(":")
-    except OSError:
-        return None
-    if not sep or not major.isdigit() or not minor.isdigit():
-        return None
-    return int(major), int(minor)
-
-
-def _kpartx_disk(where: str) -> str | None:
-    """The sysfs directory of the disk a kpartx partition map is stacked on."""
-    try:
-        with open(os.path.join(where, "dm", "uuid")) as f:
-            uuid = f.read().strip()
-        slaves = os.listdir(os.path.join(where, "slaves"))
-    except OSError:
-        return None
-    if not _KPARTX.match(uuid) or len(slaves) != 1:
-        return None
-    return os.path.realpath(os.path.join(where, "slaves", slaves[0]))
-
-
-def place(sys_root: Path, kind: str, number: Number) -> tuple[Number | None, bool]:
-    """Where a block device sits among the disks: (the whole disk's numbers
-    if it is a partition, does it have partitions). Kernel partitions and
-    kpartx partition maps both count. (None, False) for anything else."""
-    if _kind_dir(kind) != "block":
-        return None, False
-    link = os.path.join(sys_root, "dev", "block", f"{number[0]}:{number[1]}")
-    where = os.path.realpath(link)
-    if not os.path.isdir(where):
-        return None, False
-    if os.path.exists(os.path.join(where, "partition")):
-        return _number_at(os.path.dirname(where)), False
-    disk = _kpartx_disk(where)
-    if disk is not None:
-        return _number_at(disk), False
-    name = os.path.basename(where)
-    try:
-        entries = os.listdir(where)
-    except OSError:
-        entries = []
-    for entry in entries:
-        if entry.startswith(name) and os.path.exists(os.path.join(where, entry, "partition")):
-            return None, True
-    try:
-        holders = os.listdir(os.path.join(where, "holders"))
-    except OSError:
-        holders = []
-    return None, any(
-        _kpartx_disk(os.path.join(where, "holders", holder)) == where for holder in holders
-    )
+def devname(sys_dir: Path) -> str | None:
+    """DEVNAME from a sysfs directory's uevent file: the node's name under /dev."""
+    return _key_values(_read(sys_dir / "uevent")).get("DEVNAME") or None
 
 
 def kernel_name(sys_root: Path, kind: str, number: Number) -> str | None:
-    """The node's name under /dev as the kernel gives it (DEVNAME), if sysfs has it."""
-    path = os.path.join(sys_root, "dev", _kind_dir(kind), f"{number[0]}:{number[1]}", "uevent")
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("DEVNAME="):
-            return line.partition("=")[2].strip() or None
-    return None
+    """The node's name under /dev as the kernel gives it, if sysfs has it."""
+    return devname(sys_root / "dev" / _kind_dir(kind) / f"{number[0]}:{number[1]}")

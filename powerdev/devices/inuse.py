@@ -257,9 +257,9 @@ class BlockTopology:
     sysfs entry is read the first time it is needed and never again, so one
     topology is one consistent-enough look; make a new one per screening."""
 
-    def __init__(self, sys_root: Path, dev_root: Path) -> None:
+    def __init__(self, sys_root: Path, dev_root: Path | None = None) -> None:
         self.sys_root = sys_root
-        self.dev_root = dev_root
+        self.dev_root = dev_root  # for loop backing files; None: /dev/<kernel name> only
         self._block = str(sys_root / "class" / "block")
         self._memo: dict[tuple[str, object], object] = {}
         self._loops: dict[str, list[str]] | None = None  # backing name -> loop names
@@ -348,6 +348,18 @@ class BlockTopology:
         backing = self._loop_backing().get(name)
         return (*below, backing) if backing else tuple(below)
 
+    def place(self, number: Number) -> tuple[Number | None, bool]:
+        """Where a block device sits among the disks: (its whole disk's
+        numbers if it is a partition, does it have partitions), kernel
+        partitions and kpartx partition maps alike."""
+        name = self.name(number)
+        if name is None:
+            return None, False
+        disk = self.disk(name)
+        if disk is not None:
+            return self.number(disk), False
+        return None, bool(self.parts(name))
+
     def held_by(self, name: str) -> tuple[str, ...]:
         """What holds it, but its own partition maps (a disk is not held by them)."""
         return tuple(h for h in self.holders(name) if self.disk(h) != name)
@@ -378,7 +390,7 @@ class BlockTopology:
         if not text:
             return None
         path = text.strip().removesuffix(" (deleted)")
-        number = node_number(self.dev_root, path)
+        number = node_number(self.dev_root, path) if self.dev_root is not None else None
         if number is not None:
             return self.name(number)
         plain = path.removeprefix(HOST_DEV + "/")
@@ -524,22 +536,25 @@ class HostUse:
     def group(self, device: Device) -> frozenset[Number]:
         """The block devices the rule joins this device to (itself included;
         for a disk alias, its disks' groups): what can change its answer."""
-        topo = self.topology
+        number = (device.major, device.minor)
         if device.kind == "b":
-            name = topo.name((device.major, device.minor))
-            names = self._group_of(name) if name is not None else []
-        elif device.kind == "c":
-            names = [
+            return self.joined(number)
+        if device.kind == "c":
+            return frozenset(
                 n
-                for disk in topo.aliased_disks((device.major, device.minor))
-                for n in self._group_of(disk)
-            ]
-        else:
-            names = []
-        numbers = {number for n in names if (number := topo.number(n)) is not None}
-        if device.kind == "b":
-            numbers.add((device.major, device.minor))
-        return frozenset(numbers)
+                for disk in self.topology.aliased_disks(number)
+                for n in self._numbers(self._group_of(disk))
+            )
+        return frozenset()
+
+    def joined(self, number: Number) -> frozenset[Number]:
+        """The block devices the rule joins this block device to, itself included."""
+        name = self.topology.name(number)
+        names = self._group_of(name) if name is not None else []
+        return frozenset({number, *self._numbers(names)})
+
+    def _numbers(self, names: Iterable[str]) -> set[Number]:
+        return {number for n in names if (number := self.topology.number(n)) is not None}
 
     def is_alias(self, device: Device) -> bool:
         """A character device that reaches a disk (whether used or not)."""
@@ -800,22 +815,14 @@ class HostUseGuard:
             for number in group - old:
                 self._joined.setdefault(number, set()).add(path)
 
-    def touched(self, numbers: Iterable[Number]) -> set[str] | None:
+    def touched(self, numbers: Iterable[Number]) -> set[str]:
         """The paths whose answer block events on these devices may change:
         those judged with one of them in their group, and every device in
-        the groups they are in now (a new partition joins its disk). None
-        if a number is unknown (then everything is looked at)."""
-        topology = BlockTopology(self.sys_root, self.dev_root)
-        use = HostUse(topology, {})
+        the groups they are in now (a new partition joins its disk)."""
+        use = HostUse(BlockTopology(self.sys_root, self.dev_root), {})
         found: set[str] = set()
         for number in numbers:
-            members = {number}
-            name = topology.name(number)
-            if name is not None:
-                members.update(
-                    n for m in use._group_of(name) if (n := topology.number(m)) is not None
-                )
-            for member in members:
+            for member in use.joined(number):
                 found.update(self._joined.get(member, ()))
         return found
 
@@ -839,4 +846,4 @@ def recheck_paths(
     if None in numbers:
         again = {p for p, d in listed.items() if d.kind == "b" or p in guard.aliases}
         return again | set(guard.left_out)
-    return guard.touched(n for n in numbers if n is not None) or set()
+    return guard.touched(n for n in numbers if n is not None)

@@ -21,6 +21,7 @@ from powerdev.devices.discovery import (
     matches_any,
     probe,
 )
+from powerdev.devices.inuse import BlockTopology
 from powerdev.devices.model import HOST_DEV, Device, device_id
 from powerdev.devices.udevdb import UdevDatabase
 
@@ -67,7 +68,9 @@ def describe(
     if resource.allocation == "each":
         device_id = unit_id(device, found, sys_root)
     described = f"{found[0]}={found[1]}" if found is not None else None
-    whole_disk, has_partitions = identity.place(sys_root, device.kind, number)
+    whole_disk, has_partitions = None, False
+    if device.kind == "b":
+        whole_disk, has_partitions = BlockTopology(sys_root).place(number)
     return replace(
         device,
         id=device_id,

@@ -669,3 +669,13 @@ def test_no_timer_without_a_swap_file(tmp_path):
     ) as events:
         assert events._lingering == frozenset()  # so the wait has no timeout
         assert events.in_use() == frozenset({(253, 0), (8, 1), (8, 16)})
+
+
+def test_place_among_the_disks_kernel_and_kpartx_partitions(tmp_path):
+    topology = BlockTopology(tree(tmp_path))
+    assert topology.place((8, 33)) == ((8, 32), False)  # sdc1, a kernel partition
+    assert topology.place((8, 32)) == (None, True)  # sdc has partitions
+    assert topology.place((253, 4)) == ((253, 3), False)  # a kpartx map of dm-3
+    assert topology.place((253, 3)) == (None, True)  # dm-3, partitioned by kpartx
+    assert topology.place((8, 48)) == (None, False)  # sdd: a leg, no partitions
+    assert topology.place((8, 999)) == (None, False)  # not in sysfs
