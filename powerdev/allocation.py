@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from powerdev.devices.model import Device
 
@@ -99,9 +100,15 @@ def grant(devices: Sequence[Device], permissions: str) -> tuple[DeviceGrant, ...
     return tuple(DeviceGrant(d.path, d.path, permissions) for d in devices if d.healthy)
 
 
-def natural_key(text: str) -> tuple[object, ...]:
-    """loop4 < loop5 < loop42: digits compare as numbers."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> list[Any]:
+    """loop4 < loop5 < loop42: digits compare as numbers. (Text and numbers
+    alternate, text first, so two keys always compare.)"""
+    parts: list[Any] = _DIGITS.split(text)
+    parts[1::2] = map(int, parts[1::2])
+    return parts
 
 
 def preferred_on_one_node(

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from powerdev import __version__
+from powerdev.allocation import natural_key
 
 log = logging.getLogger(__name__)
 MOST_NAMES = 20  # names shown for each kind of change; the rest are counted
@@ -27,17 +27,6 @@ def plural(count: int, noun: str) -> str:
     if count == 0:
         return f"no {noun}"
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
-
-
-_DIGITS = re.compile(r"(\d+)")
-
-
-def natural_key(name: str) -> list[Any]:
-    """Sort key that orders numbers by value: loop4, loop5, loop42. (Text
-    and numbers alternate, text first, so two keys always compare.)"""
-    parts: list[Any] = _DIGITS.split(name)
-    parts[1::2] = map(int, parts[1::2])
-    return parts
 
 
 def short_name(path: str) -> str:

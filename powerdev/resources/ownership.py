@@ -14,14 +14,13 @@ device is one key, and rules on each before a tracker advertises it:
 - Ownership. The ledger remembers, for each device, the unit an Allocate
   answer last handed it out as: (resource, unit ID) in "each" mode, and
   (resource, any unit) in "all" mode, where every grant carries every
-  device. A
-  device that comes back as another unit (a LUN unmapped while held and
+  device. A device that comes back as another unit (a LUN unmapped while held and
   another one mapped at its numbers, a device a reload moved to another
   resource, a new identity) is Unhealthy until the kubelet's PodResources
   API, asked after the change, says no pod holds the old unit: a container
   that held it keeps its cgroup rule for those numbers. While the kubelet
   cannot be asked, it waits: the safe side. The memory is the daemon's
-  own; it starts empty when powerdev restarts.
+  own: at start it holds what the kubelet says pods hold then.
 
 Plain data on the Trio thread; the one wait (for the kubelet) is
 Ledger.follow_pods(), run in the supervisor's nursery.
