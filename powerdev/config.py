@@ -7,7 +7,6 @@ the field and the fix, because an operator reads it in `kubectl logs`.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import posixpath
@@ -226,6 +225,10 @@ def socket_path_problem(plugin_dir: Path, name: str) -> str | None:
 
 def _close_field(key: str) -> str | None:
     """A known field that `key` is probably a misspelling of."""
+    # Imported here: only a bad config needs it, and the daemon's resident
+    # memory is mostly its imports (difflib is about 0.5 MiB of it).
+    import difflib
+
     close = difflib.get_close_matches(key.lower(), KNOWN_FIELDS, n=1, cutoff=0.75)
     return close[0] if close else None
 
