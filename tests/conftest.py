@@ -15,14 +15,15 @@ import pytest
 import trio
 from inotify_simple import flags as iflags
 
-from powerdev import app
 from powerdev.config import Config, ResourceConfig, parse_config
-from powerdev.kubelet.fake import FakeKubelet
-from powerdev.kubelet.kit import KitBinary
-from powerdev.plugin import Plugin
+from powerdev.daemon import supervisor
+from powerdev.daemon.settings import Settings
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.kit import KitBinary
+from powerdev.devtools.testing import make_nodes
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc import asyncio_door
-from powerdev.testing import make_nodes
-from powerdev.watching import Watcher
+from powerdev.support.inotify import Watcher
 
 IS_ROOT = os.geteuid() == 0
 
@@ -96,7 +97,7 @@ def config_for(text: str = "{}", **overrides: object) -> Config:
 class Harness:
     kubelet: FakeKubelet
     plugins: list[Plugin]
-    settings: app.Settings
+    settings: Settings
     nursery: trio.Nursery
 
     @property
@@ -130,7 +131,7 @@ async def daemon_and_kubelet(
     *,
     dev_root: Path,
     sys_root: Path | None = None,
-    events: app.EventSource | None = None,
+    events: supervisor.EventSource | None = None,
     uevents: str = "off",
     kubelet_pods: dict[str, dict[str, list[str]]] | None = None,
     **settings: object,
@@ -142,7 +143,7 @@ async def daemon_and_kubelet(
     kubelet = FakeKubelet(plugin_dir)
     kubelet.pods = kubelet_pods or {}  # what its PodResources API lists from the start
     settings.setdefault("pod_resources_socket", kubelet.pod_resources_socket)
-    settings = app.Settings(
+    settings = Settings(
         plugin_dir=plugin_dir,
         dev_root=dev_root,
         sys_root=sys_root or tmp_path / "sys",
@@ -151,7 +152,7 @@ async def daemon_and_kubelet(
     )
     async with asyncio_door(), trio.open_nursery() as nursery:
         await nursery.start(kubelet.run)
-        plugins = await nursery.start(partial(app.run, settings, config, events=events))
+        plugins = await nursery.start(partial(supervisor.run, settings, config, events=events))
         harness = Harness(kubelet, plugins, settings, nursery)
         await harness.wait_registered()
         yield harness
@@ -204,7 +205,7 @@ class ChannelEvents:
 
 
 class StubResources:
-    """What a Reloader drives (app.Running), recording what it was asked to do."""
+    """What a Reloader drives (supervisor.Running), recording what it was asked to do."""
 
     def __init__(self, plugins):
         self.plugins = list(plugins)

@@ -27,9 +27,9 @@ from pathlib import Path
 import trio
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.testing import make_nodes, rss_kib, run_command
 from powerdev.rpc import asyncio_door
-from powerdev.testing import make_nodes, rss_kib, run_command
 from tests.conftest import wait_for_file
 from tests.faults.harness import ConfigMapVolume
 

@@ -6,4 +6,6 @@ the disks), inuse.py (the host-use rule), inventory.py (a versioned
 snapshot that streams wait on), events.py and its sources (netlink,
 inotify, mounts and swap). Nothing here knows about gRPC, the kubelet or
 powerdev.config; powerdev.resources builds on it.
+
+May import: support.
 """

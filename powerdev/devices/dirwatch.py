@@ -24,7 +24,7 @@ from powerdev.devices.discovery import matches, to_local
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.model import HOST_DEV
 from powerdev.devices.uevents import RESCAN
-from powerdev.watching import Inotify, Watcher
+from powerdev.support.inotify import Inotify, Watcher
 
 log = logging.getLogger(__name__)
 _NEW = F.CREATE | F.MOVED_TO

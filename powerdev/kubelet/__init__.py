@@ -1,3 +1,6 @@
-"""The kubelet's side of things: its paths, a watcher that notices it
-restart (inotify on the device-plugins directory), and a fake kubelet
-(fake.py) that behaves like the real one; tests and `powerdev local` use it."""
+"""Where the kubelet lives: the device plugin API's paths and names, and a
+watcher that notices the kubelet restart (inotify on the device-plugins
+directory). The fake kubelet is a developer tool: powerdev.devtools.
+
+May import: support.
+"""

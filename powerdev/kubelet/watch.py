@@ -12,7 +12,7 @@ from pathlib import Path
 from inotify_simple import flags as F
 
 from powerdev.kubelet.paths import KUBELET_SOCKET
-from powerdev.watching import Inotify, Watcher
+from powerdev.support.inotify import Inotify, Watcher
 
 _MASK = F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.DELETE_SELF | F.MOVE_SELF
 _GONE = F.DELETE | F.MOVED_FROM

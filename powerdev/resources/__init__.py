@@ -3,6 +3,10 @@
 Each resource of the config lists the devices its patterns and properties
 match (matching.py), kept in step with the host by its tracker
 (tracker.py), and a node-wide ledger (ownership.py) makes sure one device
-goes to one resource and one holder at a time. May import powerdev.config
-and powerdev.devices; powerdev.devices never imports this package.
+goes to one resource and one holder at a time. What the kubelet is told
+(units, Allocate answers, preferences) is allocation.py; plugin.py is one
+resource as served; cdi.py writes its CDI spec.
+
+May import: support, devices, config. powerdev.devices never imports this
+package.
 """

@@ -18,9 +18,9 @@ from collections.abc import Callable, Hashable
 import trio
 
 from powerdev._proto import api_pb2 as pb
-from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.devices.inventory import Snapshot
-from powerdev.plugin import Plugin
+from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
+from powerdev.resources.plugin import Plugin
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 

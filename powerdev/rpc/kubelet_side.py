@@ -36,7 +36,7 @@ from powerdev._proto.v1beta1 import (
     RegisterRequest,
     RegistrationBase,
 )
-from powerdev.allocation import DeviceGrant
+from powerdev.resources.allocation import DeviceGrant
 from powerdev.rpc.door import serve
 
 

@@ -1,4 +1,4 @@
-"""The DevicePlugin gRPC service: a thin shell around powerdev.plugin.Plugin."""
+"""The DevicePlugin gRPC service: a thin shell around powerdev.resources.plugin.Plugin."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Stream
 from h2.exceptions import StreamClosedError
 
-from powerdev import metrics
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
     AllocateResponse,
@@ -28,9 +27,10 @@ from powerdev._proto.v1beta1 import (
     PreStartContainerRequest,
     PreStartContainerResponse,
 )
-from powerdev.allocation import AllocationRefused
-from powerdev.cdi import SpecWriteError
-from powerdev.plugin import Plugin
+from powerdev.ops import metrics
+from powerdev.resources.allocation import AllocationRefused
+from powerdev.resources.cdi import SpecWriteError
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
 
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"

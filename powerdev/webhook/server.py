@@ -24,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from powerdev.config import ConfigError, decode_config
-from powerdev.configwatch import ConfigWatch
+from powerdev.config.watch import ConfigWatch
 from powerdev.webhook import review
 from powerdev.webhook.config import (
     DEFAULT_LISTEN,

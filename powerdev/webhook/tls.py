@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from powerdev.configwatch import ConfigWatch
+from powerdev.config.watch import ConfigWatch
 
 log = logging.getLogger(__name__)
 CERT_FILE = "tls.crt"

@@ -119,7 +119,11 @@ def test_the_build_stage_makes_wheels_and_they_install_and_run(tmp_path):
     )
     assert version.stdout.strip() == "powerdev 0.1.0", version.stderr[-2000:]
     imports = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import powerdev.app, powerdev.health, pyudev"],
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import powerdev.daemon.supervisor, powerdev.ops.health, pyudev",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

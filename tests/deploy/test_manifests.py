@@ -12,11 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from powerdev import opsserver
 from powerdev.cli import build_parser
 from powerdev.kubelet.paths import DEFAULT_POD_RESOURCES_SOCKET
-from powerdev.opsserver import OpsApp
-from powerdev.status import StatusFile
+from powerdev.ops import opsserver
+from powerdev.ops.opsserver import OpsApp
+from powerdev.ops.status import StatusFile
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors

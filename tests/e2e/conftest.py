@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from powerdev.kubelet import kit
+from powerdev.devtools import kit
 from tests.conftest import require
 from tests.e2e import controlplane
 from tests.e2e.controlplane import ControlPlane

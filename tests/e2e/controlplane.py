@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from powerdev.kubelet import kit
+from powerdev.devtools import kit
 from tests.e2e.kubeapi import Api
 from tests.e2e.pki import Pki, make_pki, write_kubeconfigs
 

@@ -9,7 +9,7 @@ import re
 
 import trio
 
-from powerdev.kubelet import kit
+from powerdev.devtools import kit
 from tests.e2e.kubeapi import NOT_READY_TAINT, container, pod
 
 LIMIT = 60  # seconds: the bound of each test here

@@ -6,7 +6,7 @@ start does when a process fails (with stand-in scripts, no kit needed)."""
 import pytest
 import trio
 
-from powerdev.kubelet import kit
+from powerdev.devtools import kit
 from tests.e2e import controlplane
 from tests.e2e.conftest import NEEDED, require_tools
 

@@ -38,7 +38,7 @@ import trio
 import trustme
 import yaml
 
-from powerdev.kubelet.kit import ROOT
+from powerdev.devtools.kit import ROOT
 from tests.conftest import wait_for_file
 from tests.e2e.conftest import LOOPBACK_NAMES
 from tests.e2e.controlplane import ControlPlane

@@ -14,9 +14,9 @@ import trio
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.testing import rss_kib, run_command
 from powerdev.rpc import asyncio_door
-from powerdev.testing import rss_kib, run_command
 
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end
 

@@ -14,9 +14,9 @@ import trio
 import trio.lowlevel
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
-from powerdev.probe import socket_answers
+from powerdev.devtools.testing import is_root, make_nodes
 from powerdev.rpc.kubelet_side import PluginCallError, PluginClient
-from powerdev.testing import is_root, make_nodes
+from powerdev.support.probe import socket_answers
 from tests.conftest import wait_for_file
 from tests.faults.harness import kubelet_running, registered, spawn, write_config
 

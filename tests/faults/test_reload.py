@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
-from powerdev.testing import make_nodes
+from powerdev.devtools.testing import make_nodes
 from tests.conftest import wait_for_file
 from tests.faults.harness import ConfigMapVolume, kubelet_running, registered, spawn
 

@@ -8,7 +8,7 @@ import signal
 
 import trio
 
-from powerdev.testing import run_command
+from powerdev.devtools.testing import run_command
 from tests.conftest import make_dev_tree, needs_root, with_udev_database
 from tests.faults.harness import STOP_LIMIT, kubelet_running
 

@@ -7,7 +7,7 @@ import sys
 
 import trio
 
-from powerdev import bench
+from powerdev.devtools import bench
 from powerdev.rpc import asyncio_door
 from tests.conftest import needs_root
 
@@ -79,7 +79,7 @@ async def test_device_events_are_timed_to_the_published_list_with_the_host_use_r
 def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
     out = tmp_path / "probes.json"
     done = subprocess.run(
-        [sys.executable, "-m", "powerdev.probecost", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "powerdev.devtools.probecost", "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,9 +13,9 @@ import trio
 from inotify_simple import flags as iflags
 
 from powerdev.config import load_config
-from powerdev.kubelet.cdicheck import inject, validate
-from powerdev.kubelet.kit import CDICHECK
-from powerdev.watching import Watcher
+from powerdev.devtools.cdicheck import inject, validate
+from powerdev.devtools.kit import CDICHECK
+from powerdev.support.inotify import Watcher
 from tests.conftest import (
     IS_ROOT,
     config_for,

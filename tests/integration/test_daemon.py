@@ -8,12 +8,13 @@ import pytest
 import trio
 import trio.lowlevel
 
-from powerdev import app
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.daemon import supervisor
+from powerdev.daemon.settings import Settings
+from powerdev.devtools.fake_kubelet import FakeKubelet
 from powerdev.kubelet.paths import KUBELET_SOCKET
-from powerdev.probe import socket_answers
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError, PluginClient
+from powerdev.support.probe import socket_answers
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree, wait_for_file
 
 LIMIT = 10  # seconds; every wait below is on an event, this only bounds a hang
@@ -60,7 +61,7 @@ async def test_a_change_reaches_the_kubelet_as_a_whole_list(tmp_path, dev):
         async with daemon_and_kubelet(tmp_path, config_for(INCLUDE), dev_root=dev) as h:
             (dev / "dm-7").symlink_to("/dev/null")
             (dev / "dm-0").unlink()
-            await app.scan(h.plugin)
+            await supervisor.scan(h.plugin)
             await h.kubelet.wait_until(lambda k: "dm-7" in h.state().devices)
             assert sorted(h.state().devices) == ["dm-1", "dm-7", "mapper.mpatha"]
             assert h.state().updates == 2
@@ -158,12 +159,12 @@ async def test_serves_again_when_its_socket_is_deleted(tmp_path, dev):
 async def test_waits_for_an_absent_kubelet(tmp_path, dev):
     plugin_dir = tmp_path / "device-plugins"
     status = tmp_path / "status.json"
-    settings = app.Settings(
+    settings = Settings(
         plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", status_file=status
     )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
-            nursery.start_soon(app.run, settings, config_for(INCLUDE))
+            nursery.start_soon(supervisor.run, settings, config_for(INCLUDE))
             await wait_for_file(status, lambda text: '"waiting"' in text)
             assert not (plugin_dir / KUBELET_SOCKET).exists()
             assert list(plugin_dir.iterdir()) == []  # nothing served before the kubelet is up
@@ -209,13 +210,13 @@ async def test_a_removed_plugin_dir_is_watched_again(tmp_path, dev):
 
 async def test_a_refused_register_is_retried_and_logged_once(tmp_path, dev, caplog):
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
             kubelet.refuse_next = 3
             await nursery.start(kubelet.run)
-            nursery.start_soon(app.run, settings, config_for(INCLUDE))
+            nursery.start_soon(supervisor.run, settings, config_for(INCLUDE))
             await kubelet.wait_until(lambda k: k.registrations == 1)
             assert len(kubelet.refusals) == 3
             failures = [r for r in caplog.records if "Register failed" in r.getMessage()]
@@ -352,12 +353,12 @@ async def test_an_unknown_field_is_warned_about_once(tmp_path, dev, caplog):
 async def test_a_resource_removed_before_it_serves_is_never_served(tmp_path, dev):
     """The kubelet is not up yet, so serving waits; a reload removes the
     resource meanwhile: it must not be served when the kubelet comes."""
-    settings = app.Settings(
+    settings = Settings(
         plugin_dir=tmp_path / "device-plugins", dev_root=dev, sys_root=tmp_path / "sys"
     )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
-            running = app.Running(settings, nursery, [], None)
+            running = supervisor.Running(settings, nursery, [], None)
             plugin = await running.prepare(config_for(INCLUDE).resources[0])
             running.remove(plugin)
             await running.start(plugin, wait=True)  # returns at once: nothing to serve

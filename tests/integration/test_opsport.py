@@ -12,9 +12,11 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from powerdev import app, metrics, opsserver, registration
+from powerdev.daemon import registrar, supervisor
+from powerdev.daemon.settings import Settings
 from powerdev.devices.events import DeviceEvent
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.ops import metrics, oplog, opsserver
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError
 from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, make_dev_tree
@@ -157,13 +159,13 @@ async def test_healthz_and_readyz_follow_the_kubelet(tmp_path):
     sock = port_socket()
     port = sock.getsockname()[1]
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(
+    settings = Settings(
         plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", uevents="off",
         metrics_socket=sock,
     )  # fmt: skip
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
-            nursery.start_soon(partial(app.run, settings, config, events=ChannelEvents()))
+            nursery.start_soon(partial(supervisor.run, settings, config, events=ChannelEvents()))
             # No kubelet yet: alive, not ready. (A request made before the port
             # is served waits in the listening socket's backlog.)
             status, _, body = await get(port, "/readyz")
@@ -191,7 +193,7 @@ async def test_while_registering_again_the_probes_say_so_alive_and_not_ready(tmp
     config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-g.sock")
     sock = port_socket()
     port = sock.getsockname()[1]
-    serve = registration.serve
+    serve = registrar.serve
     calls = 0
     held, release = trio.Event(), trio.Event()
 
@@ -203,7 +205,7 @@ async def test_while_registering_again_the_probes_say_so_alive_and_not_ready(tmp
             await release.wait()
         await serve(*args, task_status=task_status)
 
-    monkeypatch.setattr(registration, "serve", held_second_time)
+    monkeypatch.setattr(registrar, "serve", held_second_time)
     with trio.fail_after(LIMIT):
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev, metrics_socket=sock) as h:
             (h.settings.plugin_dir / "ops-g.sock").unlink()
@@ -305,7 +307,7 @@ def test_a_bad_or_taken_address_is_one_clear_error():
     assert opsserver.parse_address("[::1]:9") == ("::1", 9)
     taken = port_socket()
     with taken:
-        address = opsserver.bound_address(taken)
+        address = oplog.bound_address(taken)
         with pytest.raises(Exception, match=f"--metrics-address.*cannot listen on {address}"):
             opsserver.listen(address)
 
@@ -337,13 +339,13 @@ async def test_register_refusals_are_counted_and_the_accepted_one_by_its_cause(t
     name = "example.com/ops-refused"
     config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-f.sock")
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
             kubelet.refuse_next = 2
             await nursery.start(kubelet.run)
-            await nursery.start(partial(app.run, settings, config, events=ChannelEvents()))
+            await nursery.start(partial(supervisor.run, settings, config, events=ChannelEvents()))
             await kubelet.wait_until(lambda k: name in k.resources and k.resources[name].updates)
             assert counted("powerdev_register_failures_total", resource=name, kind="refused") == 2
             assert counted("powerdev_registrations_total", resource=name, cause="start") == 1
@@ -352,15 +354,15 @@ async def test_register_refusals_are_counted_and_the_accepted_one_by_its_cause(t
 
 async def test_config_reloads_applied_and_rejected_are_counted_with_the_last_good_time(tmp_path):
     from powerdev.config import ResourceConfig
+    from powerdev.daemon.reload import Reloader
     from powerdev.devices.inventory import Inventory
-    from powerdev.plugin import Plugin
-    from powerdev.reload import Reloader
+    from powerdev.resources.plugin import Plugin
 
     path = tmp_path / "config.json"
     path.write_text('{"permissions": "rw"}')
     name = "example.com/ops-reload"
     plugin = Plugin(ResourceConfig(name=name, socket="ops-l.sock"), Inventory())
-    from powerdev.app import Settings
+    from powerdev.daemon.settings import Settings
     from tests.conftest import StubResources
 
     running = StubResources([plugin])

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from powerdev import health, opsserver
-from powerdev.status import StatusFile
+from powerdev.ops import health, opsserver
+from powerdev.ops.status import StatusFile
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
 from tests.integration.test_opsport import get
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import trio
 
-from powerdev import opsserver
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.testing import rss_kib, run_command
+from powerdev.ops import oplog, opsserver
 from powerdev.rpc import asyncio_door
-from powerdev.testing import rss_kib, run_command
 from tests.conftest import make_dev_tree
 from tests.integration.test_opsport import get, http
 
@@ -208,7 +208,7 @@ def test_a_bad_or_busy_metrics_address_stops_the_daemon_with_one_line(tmp_path):
     assert "argument --metrics-address: '8080' is not HOST:PORT" in done.stderr
     busy = opsserver.listen("127.0.0.1:0")
     with busy:
-        address = opsserver.bound_address(busy)
+        address = oplog.bound_address(busy)
         done = run("--metrics-address", address, "--config", str(tmp_path / "none.json"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"--metrics-address: cannot listen on {address}: Address already in use" in done.stderr

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import trio
 
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.testing import run_command
 from powerdev.rpc import asyncio_door
-from powerdev.testing import run_command
 from tests.conftest import make_dev_tree, wait_for_file
 
 LIMIT = 20
@@ -238,8 +238,8 @@ async def test_the_daemon_serving_imports_no_fake_kubelet(tmp_path):
     plugin_dir = tmp_path / "device-plugins"
     args = run_command(plugin_dir, config, dev)[3:]  # after: python -m powerdev
     unwanted = (
-        "powerdev.local",
-        "powerdev.kubelet.fake",
+        "powerdev.devtools.local",
+        "powerdev.devtools.fake_kubelet",
         "powerdev.rpc.kubelet_side",
     )
     script = (

@@ -6,11 +6,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerdev.allocation import AllocationRefused, preferred
 from powerdev.config import KNOWN_FIELDS, ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.plugin import Plugin
+from powerdev.resources.allocation import AllocationRefused, preferred
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc.kubelet_side import PluginCallError
 from tests.conftest import StubResources, config_for, daemon_and_kubelet, make_dev_tree
 
@@ -63,8 +63,8 @@ nasty_bytes = st.one_of(
 def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content):
     """The reload path: whatever the file holds, reload() returns (True with a
     config applied, or False with the last good one kept) and never raises."""
-    from powerdev.app import Settings
-    from powerdev.reload import Reloader
+    from powerdev.daemon.reload import Reloader
+    from powerdev.daemon.settings import Settings
 
     path = tmp_path / "config.json"
     path.write_bytes(content)
@@ -177,8 +177,8 @@ async def _serve_batch(tmp_path, dev, batch):
 
 def test_an_empty_file_at_runtime_keeps_the_last_good_config(tmp_path, caplog):
     """A writer caught between truncate and write: empty is not "defaults" now."""
-    from powerdev.app import Settings
-    from powerdev.reload import Reloader
+    from powerdev.daemon.reload import Reloader
+    from powerdev.daemon.settings import Settings
 
     path = tmp_path / "config.json"
     path.write_text("")

@@ -89,7 +89,7 @@ def test_scan_of_a_bad_config_exits_2_with_one_line(tmp_path):
 async def test_powerdev_local_shows_several_resources(tmp_path):
     import trio
 
-    from powerdev.local import run_local
+    from powerdev.devtools.local import run_local
     from powerdev.rpc import asyncio_door
 
     dev = make_dev_tree(tmp_path / "dev", ["acc0", "lun0", "lun1"])

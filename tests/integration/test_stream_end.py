@@ -15,7 +15,7 @@ from powerdev._proto.v1beta1 import Empty
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.plugin import Plugin
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc import PluginService, asyncio_door
 
 

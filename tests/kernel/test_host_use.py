@@ -19,8 +19,8 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
+from powerdev.devtools.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, bound, loop_control
 from powerdev.resources.tracker import Tracker
-from powerdev.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, bound, loop_control
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
 
 TOOLS = ("mkfs.ext4", "mkswap", "swapon", "swapoff", "mount", "umount")
@@ -129,7 +129,7 @@ async def test_allowed_resources_list_devices_in_use(tmp_path):
 
 
 async def test_the_daemon_follows_mounts_and_swap_without_polling(tmp_path):
-    """The daemon's wiring: each resource's tracker has a guard (app.py gives
+    """The daemon's wiring: each resource's tracker has a guard (the supervisor gives
     it one, reading this process's mount table by default), and the
     mount/swap event source wakes it."""
     config = config_for(f'{{"include-devices": ["{LOOP_PATTERN}"]}}')

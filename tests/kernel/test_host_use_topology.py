@@ -6,7 +6,7 @@ ext4 external journal, and dm and md members where the kernel has them.
 Each case is judged the same way by a rescan, by a device event and by
 `powerdev scan`, and comes back once the host lets go.
 
-Loop devices are loop400-loop419, apart from powerdev.testing's 300-399."""
+Loop devices are loop400-loop419, apart from powerdev.devtools.testing's 300-399."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev import scan
-from powerdev.allocation import AllocationRefused, check_request, grant, units
 from powerdev.config import ResourceConfig
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
+from powerdev.devtools.testing import LoopControl
+from powerdev.ops import scan
+from powerdev.resources.allocation import AllocationRefused, check_request, grant, units
 from powerdev.resources.tracker import Tracker
-from powerdev.testing import LoopControl
 from tests.conftest import config_for, needs_root, require_command
 
 pytestmark = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from powerdev.devices.identity import identity, identity_id, numa_node, sysfs_dir
-from powerdev.testing import LOOP_CTL_ADD, LOOP_CTL_REMOVE, bound
+from powerdev.devtools.testing import LOOP_CTL_ADD, LOOP_CTL_REMOVE, bound
 from tests.conftest import needs_root
 
 pytestmark = [

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev.testing import FIRST_LOOP as FIRST
-from powerdev.testing import loop_control
+from powerdev.devtools.testing import FIRST_LOOP as FIRST
+from powerdev.devtools.testing import loop_control
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
 
 pytestmark = [
@@ -62,7 +62,7 @@ async def test_a_storm_of_loop_devices_ends_exact(tmp_path):
 
 
 async def test_powerdev_local_shows_a_hotplug_by_name(tmp_path):
-    from powerdev.local import run_local
+    from powerdev.devtools.local import run_local
     from powerdev.rpc import asyncio_door
 
     lines: list[str] = []

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev import scan
 from powerdev.config import DEFAULT_RESOURCE_NAME as NAME
 from powerdev.config import ResourceConfig
 from powerdev.devices.identity import identity_id
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
+from powerdev.ops import scan
 from powerdev.resources.ownership import find_overlap
 from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS, Tracker
 from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command

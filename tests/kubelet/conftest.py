@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from powerdev.config import DEFAULT_SOCKET_NAME as SOCKET
-from powerdev.kubelet.devicemanager import DeviceManager
-from powerdev.kubelet.kit import DMHARNESS
-from powerdev.testing import run_command
+from powerdev.devtools.devicemanager import DeviceManager
+from powerdev.devtools.kit import DMHARNESS
+from powerdev.devtools.testing import run_command
 from tests.conftest import require_tool, wait_for_file
 
 STOP_LIMIT = 5.0  # seconds a SIGTERM may take, end to end

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev.kubelet.cdicheck import inject
-from powerdev.kubelet.fake import FakeKubelet
-from powerdev.kubelet.kit import CDICHECK
+from powerdev.devtools.cdicheck import inject
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.kit import CDICHECK
+from powerdev.devtools.testing import is_root, loop_control, make_nodes
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginClient
-from powerdev.testing import is_root, loop_control, make_nodes
 from tests.conftest import require_tool, wait_for_file
 from tests.kubelet.conftest import daemon, node, write_config
 
@@ -313,12 +313,13 @@ async def test_another_clients_stream_before_the_kubelets_is_not_taken_for_it(tm
     # The real kubelet opens its stream after Register returns; a client
     # that is quicker must not be taken for the kubelet. The fake kubelet
     # lets the test open a stream at exactly that moment.
-    from powerdev import app
+    from powerdev.daemon import supervisor
+    from powerdev.daemon.settings import Settings
     from tests.conftest import config_for, make_dev_tree
 
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
     plugin_dir = tmp_path / "device-plugins"
-    settings = app.Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             other = PluginClient(plugin_dir / "power-dev.csi.ibm.com-reg.sock")
@@ -330,7 +331,9 @@ async def test_another_clients_stream_before_the_kubelets_is_not_taken_for_it(tm
 
             kubelet = FakeKubelet(plugin_dir, before_dial=open_another_stream_first)
             await nursery.start(kubelet.run)
-            nursery.start_soon(app.run, settings, config_for('{"include-devices": ["/dev/dm-*"]}'))
+            nursery.start_soon(
+                supervisor.run, settings, config_for('{"include-devices": ["/dev/dm-*"]}')
+            )
             name = "power-dev-plugin/dev"
             await kubelet.wait_until(lambda k: k.registrations == 1 and k.resources[name].updates)
             kubelet.before_dial = None

@@ -2,7 +2,10 @@
 
 import pytest
 
-from powerdev.allocation import (
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
+from powerdev.resources.allocation import (
     AllocationRefused,
     DeviceGrant,
     Unit,
@@ -11,10 +14,7 @@ from powerdev.allocation import (
     preferred,
     units,
 )
-from powerdev.config import ResourceConfig
-from powerdev.devices.inventory import Inventory
-from powerdev.devices.model import Device
-from powerdev.plugin import Plugin
+from powerdev.resources.plugin import Plugin
 
 A = Device("sda", "/dev/sda", "b", 8, 0)
 B = Device("mapper.mpatha", "/dev/mapper/mpatha", "b", 253, 0)
@@ -112,7 +112,7 @@ async def test_inventory_versions_and_waiting():
 
 
 def test_backoff_doubles_to_its_bound_and_starts_again_after_a_success():
-    from powerdev.backoff import Backoff
+    from powerdev.support.backoff import Backoff
 
     backoff = Backoff(0.1, 1.0)
     assert [backoff.next() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
@@ -121,7 +121,7 @@ def test_backoff_doubles_to_its_bound_and_starts_again_after_a_success():
 
 
 def test_each_mode_one_unit_per_identity_and_grants_only_the_chosen():
-    from powerdev.allocation import grant_chosen, units
+    from powerdev.resources.allocation import grant_chosen, units
 
     lun = "dm-uuid.mpath-3600a"
     devices = (
@@ -160,6 +160,6 @@ def test_each_mode_one_unit_per_identity_and_grants_only_the_chosen():
     ],
 )
 def test_preferred_allocation_on_one_numa_node(available, must, size, numa, expected):
-    from powerdev.allocation import preferred_on_one_node
+    from powerdev.resources.allocation import preferred_on_one_node
 
     assert preferred_on_one_node(available, must, size, numa) == expected

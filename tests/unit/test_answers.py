@@ -11,7 +11,7 @@ from powerdev._proto.v1beta1 import (
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device as Node
-from powerdev.plugin import Plugin
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
 
 NODES = tuple(Node(f"dm-{i}", f"/dev/dm-{i}", "b", 253, i, healthy=i % 4 != 3) for i in range(50))

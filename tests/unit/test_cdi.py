@@ -5,9 +5,9 @@ import stat
 
 import pytest
 
-from powerdev import cdi
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.model import Device
+from powerdev.resources import cdi
 
 
 def only(text: str) -> ResourceConfig:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from powerdev._proto import api_pb2, podresources_pb2, v1beta1
-from powerdev.kubelet.kit import BUILD_COMMAND
+from powerdev.devtools.kit import BUILD_COMMAND
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from powerdev import health
+from powerdev.ops import health
 
 # state, the socket ("answers", "refuses": its server died, "gone"), alive, ready
 TABLE = [

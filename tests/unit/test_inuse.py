@@ -617,7 +617,7 @@ def test_the_guard_reads_swap_files_and_external_journals(tmp_path):
 
 
 def test_scan_and_the_daemon_give_the_same_reasons(tmp_path):
-    from powerdev import scan
+    from powerdev.ops import scan
     from tests.conftest import config_for
 
     guard = guard_for(tmp_path)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from powerdev import logformat, metrics, oplog
-from powerdev.app import Settings
 from powerdev.config import load_config, parse_config
+from powerdev.daemon.settings import Settings
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.plugin import Plugin
+from powerdev.ops import logformat, metrics, oplog
+from powerdev.resources.plugin import Plugin
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from powerdev.kubelet import kit
+from powerdev.devtools import kit
 from tests.conftest import require_tool
 
 TOOL = kit.KitBinary("tool", "POWERDEV_TEST_TOOL", "the test tool")

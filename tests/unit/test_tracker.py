@@ -209,7 +209,7 @@ async def test_new_settings_come_into_force_with_the_list_found_under_them(tmp_p
 
     import trio
 
-    from powerdev.plugin import Plugin
+    from powerdev.resources.plugin import Plugin
 
     t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
     plugin = Plugin(t.resource, t.inventory, t)

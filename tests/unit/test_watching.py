@@ -8,7 +8,7 @@ import trio
 import trio.testing
 from inotify_simple import flags as F
 
-from powerdev.watching import Inotify, Watcher
+from powerdev.support.inotify import Inotify, Watcher
 
 LIMIT = 10
 

@@ -56,12 +56,14 @@ import h11
 import trio
 from prometheus_client.exposition import choose_encoder
 
-from powerdev import __version__, health, metrics
+from powerdev import __version__
 from powerdev.config import ConfigError
+from powerdev.ops import health, metrics
+from powerdev.ops.oplog import bound_address
 
 if TYPE_CHECKING:
-    from powerdev.plugin import Plugin
-    from powerdev.status import StatusFile
+    from powerdev.ops.status import StatusFile
+    from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
 MAX_HEAD = 8 * 1024  # request line and headers; a probe or a scrape sends a few hundred bytes
@@ -119,11 +121,6 @@ def listen(address: str) -> socket.socket:
             f"cannot listen on {address}: {err.strerror or err}",
             "choose a free port and an address of this host, or leave it unset",
         ) from None
-
-
-def bound_address(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 Answer = tuple[int, str, bytes]  # status, content type, body

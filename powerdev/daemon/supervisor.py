@@ -3,7 +3,7 @@
 run() opens the event sources (netlink uevents and inotify on the device
 directories), scans every resource, and supervises in one nursery: a
 follower per source, the `time` strategy's rescans, the config reloader
-(reload.py), and one re-registration loop per resource (registration.py).
+(reload.py), and one re-registration loop per resource (registrar.py).
 """
 
 from __future__ import annotations
@@ -13,68 +13,38 @@ import gc
 import logging
 import math
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from powerdev import allocation, metrics, oplog, opsserver
-from powerdev.cdi import DEFAULT_SPEC_DIR, SpecWriteError, SpecWriter
-from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, Config, ResourceConfig
+from powerdev.config import Config, ResourceConfig
+from powerdev.daemon.registrar import serve_resource
+from powerdev.daemon.reload import Reloader
+from powerdev.daemon.settings import Settings
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP, missing_directories
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
-from powerdev.devices.udevdb import UdevDatabase
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
-from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
-from powerdev.plugin import Plugin
-from powerdev.registration import serve_resource
-from powerdev.reload import Reloader
+from powerdev.ops import metrics, oplog, opsserver
+from powerdev.ops.status import StatusFile
+from powerdev.resources import allocation
+from powerdev.resources.cdi import SpecWriteError, SpecWriter
 from powerdev.resources.matching import why_nothing
 from powerdev.resources.ownership import Ledger
+from powerdev.resources.plugin import Plugin
 from powerdev.resources.tracker import Tracker
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
-from powerdev.status import StatusFile
-from powerdev.watching import Inotify
+from powerdev.support.inotify import Inotify
 
 log = logging.getLogger(__name__)
 SWAPS = Path("/proc/swaps")  # swap is not namespaced: a pod's file lists the host's
-
-
-@dataclass(frozen=True)
-class Settings:
-    plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
-    dev_root: Path = Path("/dev")
-    sys_root: Path = Path("/sys")
-    uevents: str = "auto"  # "auto", "udev", "kernel", or "off" (rescans only)
-    status_file: Path | None = None  # for `powerdev health`
-    config_path: Path | None = None  # watched and reloaded when set
-    # The host's mount table (the DaemonSet mounts /proc/1/mountinfo there);
-    # None: this process's own, which is the host's when not in a container.
-    host_mountinfo: Path | None = None
-    cdi_spec_dir: Path = Path(DEFAULT_SPEC_DIR)  # where CDI-mode resources write their spec
-    # The kubelet's PodResources API: which devices pods hold (None: never ask,
-    # and so never forget a device a CDI spec once named).
-    pod_resources_socket: Path | None = Path(DEFAULT_POD_RESOURCES_SOCKET)
-    cdi_recheck_interval: float = 30.0  # seconds between asks while a spec keeps held devices
-    # udev's database (devices/udevdb.py), for properties and identities
-    udev: UdevDatabase | None = None
-    # The flat config form's resource and socket names (the command line's).
-    resource_name: str = DEFAULT_RESOURCE_NAME
-    socket_name: str = DEFAULT_SOCKET_NAME
-    metrics_socket: socket.socket | None = None  # bound by the CLI: /metrics, /healthz, /readyz
-
-    @property
-    def mountinfo(self) -> Path:
-        return self.host_mountinfo or Path("/proc/self/mountinfo")
 
 
 class EventSource(Protocol):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import heapq
 import logging
+import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from powerdev import __version__
-from powerdev.allocation import natural_key
+from powerdev.resources.allocation import natural_key
 
 log = logging.getLogger(__name__)
 MOST_NAMES = 20  # names shown for each kind of change; the rest are counted
@@ -128,11 +129,15 @@ EVENT_SOURCES = {
 }
 
 
+def bound_address(sock: socket.socket) -> str:
+    """A bound TCP socket's address as an operator writes it (IPv6 in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def start_lines(settings: Any, config: Any, events: str) -> list[str]:
     """The version, where the config came from, the event sources, the
     metrics port; then each resource's socket and every effective setting."""
-    from powerdev.opsserver import bound_address
-
     source = config.source  # says "(missing: defaults)" itself when the file is missing
     watched = (
         "" if events == "caller" else " + inotify on the device directories + host mount changes"

@@ -89,9 +89,9 @@ def main(args: argparse.Namespace) -> int:
     from powerdev.config import ConfigError
 
     if args.command == "bench-webhook":
-        from powerdev.webhook import bench
+        from powerdev.devtools import webhook_bench
 
-        trio.run(bench.run_bench, 50 if args.quick else args.reviews, args.json)
+        trio.run(webhook_bench.run_bench, 50 if args.quick else args.reviews, args.json)
         return 0
 
     from powerdev.webhook import server

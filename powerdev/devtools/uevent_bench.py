@@ -1,15 +1,15 @@
 """The device-event path through powerdev, measured in a process of its own.
 
 `powerdev bench` runs this module as a child (`python -m
-powerdev.uevent_bench`) and plays the kubelet for it. What it measures is
+powerdev.devtools.uevent_bench`) and plays the kubelet for it. What it measures is
 powerdev's own part of a device event: from the moment the daemon's event
-follower takes a batch of events (app.run's `events`, a source this module
+follower takes a batch of events (supervisor.run's `events`, a source this module
 controls) until the list it implies is published to the ListAndWatch
 inventory. The end is the moment the inventory's version changes, taken
 when that change wakes a task waiting in Inventory.wait_newer (a Trio
 instrument's task_scheduled hook), so that other tasks woken by the same
 change (the ListAndWatch stream, the CDI spec keeper) are not counted.
-The daemon runs here in full (app.run: discovery, the host-use rule, the
+The daemon runs here in full (supervisor.run: discovery, the host-use rule, the
 gRPC service, registration with the kubelet), so the longest Trio step
 while the events are applied is the daemon's; the kubelet (the parent)
 decodes each list in another process.
@@ -54,10 +54,13 @@ from pathlib import Path
 
 import trio
 
-from powerdev import app, logformat, stepwatch
 from powerdev.config import load_config
+from powerdev.daemon import supervisor
+from powerdev.daemon.settings import Settings
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inventory import Inventory, Snapshot
+from powerdev.devtools import stepwatch
+from powerdev.ops import logformat
 
 Number = tuple[int, int]
 
@@ -385,7 +388,7 @@ async def child(args: argparse.Namespace) -> None:
     listed = await trio.to_thread.run_sync(host.build, args.devices)
     config_path = args.root / "config.json"
     config_path.write_text(json.dumps({"permissions": "rw"}))  # every block device
-    settings = app.Settings(
+    settings = Settings(
         plugin_dir=args.plugin_dir,
         dev_root=host.dev_root,
         sys_root=host.sys_root,
@@ -400,7 +403,7 @@ async def child(args: argparse.Namespace) -> None:
     parent = JsonLines(trio.lowlevel.FdStream(os.dup(0)), trio.lowlevel.FdStream(os.dup(1)))
     async with trio.open_nursery() as nursery:
         plugins = await nursery.start(
-            partial(app.run, settings, load_config(config_path), events=events)
+            partial(supervisor.run, settings, load_config(config_path), events=events)
         )
         (plugin,) = plugins
         await nursery.start(follow_inventory, plugin.inventory, clock, send)
@@ -423,7 +426,7 @@ async def child(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m powerdev.uevent_bench",
+        prog="python -m powerdev.devtools.uevent_bench",
         description="the child side of `powerdev bench`'s device-event measure (root only)",
     )
     parser.add_argument("--root", type=Path, required=True, help="where to make the host")

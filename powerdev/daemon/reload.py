@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from powerdev import metrics
 from powerdev.config import (
     ConfigError,
     ResourceConfig,
@@ -31,13 +30,14 @@ from powerdev.config import (
     read_config_bytes,
     socket_path_problem,
 )
-from powerdev.configwatch import ConfigWatch
-from powerdev.plugin import Plugin
+from powerdev.config.watch import ConfigWatch
+from powerdev.ops import metrics
 from powerdev.resources.ownership import check_devices
-from powerdev.watching import Inotify
+from powerdev.resources.plugin import Plugin
+from powerdev.support.inotify import Inotify
 
 if TYPE_CHECKING:
-    from powerdev.app import Settings
+    from powerdev.daemon.settings import Settings
 
 log = logging.getLogger(__name__)
 

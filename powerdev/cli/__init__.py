@@ -11,7 +11,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from powerdev import __version__, logformat
+from powerdev import __version__
+from powerdev.cli import webhook as webhook_cli
 from powerdev.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_RESOURCE_NAME,
@@ -22,8 +23,8 @@ from powerdev.config import (
     socket_path_problem,
 )
 from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
-from powerdev.status import DEFAULT_STATUS_FILE
-from powerdev.webhook import cli as webhook_cli
+from powerdev.ops import logformat
+from powerdev.ops.status import DEFAULT_STATUS_FILE
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UEVENT_SOURCES = ("auto", "udev", "kernel", "off")
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "health":  # a probe: the status file and one connect, nothing more
-        from powerdev import health
+        from powerdev.ops import health
 
         return health.main(args.status_file, ready=args.ready, timeout=args.timeout)
     log_format = getattr(args, "log_format", None) or one_of(logformat.FORMATS)(
@@ -274,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # our sockets are for the kubelet (root) only
     import trio
 
-    from powerdev import app, opsserver, stepwatch  # after logging is set up
+    from powerdev.daemon import supervisor  # after logging is set up
+    from powerdev.daemon.settings import Settings
     from powerdev.devices.udevdb import Pyudev
+    from powerdev.devtools import stepwatch
+    from powerdev.ops import opsserver
     from powerdev.resources import ownership
 
     if args.command == "bench":
-        from powerdev import bench as bench_module
+        from powerdev.devtools import bench as bench_module
 
         plan = (
             bench_module.QUICK
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             udev = Pyudev()
             ownership.check_devices(config, args.dev_root, args.sys_root, udev)
             port = opsserver.listen(args.metrics_address) if args.metrics_address else None
-            settings = app.Settings(
+            settings = Settings(
                 plugin_dir=args.plugin_dir,
                 dev_root=args.dev_root,
                 sys_root=args.sys_root,
@@ -325,15 +329,15 @@ def main(argv: list[str] | None = None) -> int:
             gc.freeze()
             try:
                 trio.run(
-                    app.run_until_signalled,
-                    partial(app.run, settings, config),
+                    supervisor.run_until_signalled,
+                    partial(supervisor.run, settings, config),
                     instruments=[steps[0]] if steps else [],
                 )
             finally:
                 if steps:
                     stepwatch.write(*steps)
         else:
-            from powerdev import local  # the fake kubelet: never in the daemon
+            from powerdev.devtools import local  # the fake kubelet: never in the daemon
 
             if args.config is not None:  # named by the user: it must exist and be good
                 if not args.config.is_file():
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 ownership.check_devices(config, args.dev_root, args.sys_root, Pyudev())
             trio.run(
-                app.run_until_signalled,
+                supervisor.run_until_signalled,
                 partial(
                     local.run_local,
                     config_path=args.config,
@@ -364,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: exit 0 with the report for a valid config, 2 for a bad one."""
-    from powerdev import scan
     from powerdev.devices.inuse import HostUseGuard
     from powerdev.devices.udevdb import Pyudev
+    from powerdev.ops import scan
     from powerdev.resources import ownership
 
     try:
@@ -391,7 +395,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 def metrics_address(text: str) -> str:
     """An argparse type: HOST:PORT, :PORT or [IPv6]:PORT (bound later)."""
-    from powerdev.opsserver import parse_address
+    from powerdev.ops.opsserver import parse_address
 
     try:
         parse_address(text)

@@ -27,11 +27,12 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
-from powerdev import __version__, oplog
+from powerdev import __version__
+from powerdev.ops import oplog
 
 if TYPE_CHECKING:
-    from powerdev.plugin import Plugin
-    from powerdev.status import StatusFile
+    from powerdev.ops.status import StatusFile
+    from powerdev.resources.plugin import Plugin
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU seconds, resident memory, open fds, start time
@@ -115,7 +116,7 @@ for _result in ("applied", "rejected"):
 
 STATES = ("waiting", "serving", "registered", "re-registering")
 _next_cause: dict[str, str] = {}  # resource -> why its next registration happens
-_REASONS = (  # words of registration.py's and kubelet/watch.py's reasons -> cause
+_REASONS = (  # words of registrar.py's and kubelet/watch.py's reasons -> cause
     ("ListAndWatch stream", "stream_end"),
     ("kubelet.sock was created again", "kubelet_restart"),
     ("socket", "socket_removed"),
@@ -127,7 +128,7 @@ _REASONS = (  # words of registration.py's and kubelet/watch.py's reasons -> cau
 
 def next_registration(resource: str, reason: str) -> None:
     """Why the next registration of `resource` happens: a cause label, or the
-    reason registration.py logs (classified here)."""
+    reason registrar.py logs (classified here)."""
     cause = next((c for words, c in _REASONS if words in reason), reason)
     _next_cause[resource] = cause if cause.isidentifier() else "other"
 

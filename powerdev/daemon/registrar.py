@@ -17,12 +17,11 @@ from pathlib import Path
 
 import trio
 
-from powerdev import metrics
-from powerdev.backoff import Backoff
 from powerdev.config import ResourceConfig
 from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
-from powerdev.plugin import Plugin
-from powerdev.probe import socket_answers
+from powerdev.ops import metrics
+from powerdev.ops.status import StatusFile
+from powerdev.resources.plugin import Plugin
 from powerdev.rpc import (
     Answers,
     KubeletUnreachable,
@@ -31,8 +30,9 @@ from powerdev.rpc import (
     register,
     serve,
 )
-from powerdev.status import StatusFile
-from powerdev.watching import Inotify
+from powerdev.support.backoff import Backoff
+from powerdev.support.inotify import Inotify
+from powerdev.support.probe import socket_answers
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import trio
 
-from powerdev.bench import percentile
-from powerdev.testing import rss_kib
+from powerdev.devtools.bench import percentile
+from powerdev.devtools.testing import rss_kib
 
 WAIT_LIMIT = 60.0
 READY = "powerdev webhook: serving"

@@ -1,6 +1,6 @@
 """The seed's config.json, parsed into frozen settings.
 
-Pure functions only: the daemon (app.py) decides when to read the file, and
+Pure functions only: the daemon decides when to read the file, and
 the device code (devices/) reads the settings. Every error names the file,
 the field and the fix, because an operator reads it in `kubectl logs`.
 """

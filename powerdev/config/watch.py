@@ -16,7 +16,7 @@ from pathlib import Path
 import trio
 from inotify_simple import flags as F
 
-from powerdev.watching import Inotify, Watcher
+from powerdev.support.inotify import Inotify, Watcher
 
 log = logging.getLogger(__name__)
 _MASK = F.CREATE | F.CLOSE_WRITE | F.MOVED_TO | F.MOVED_FROM | F.DELETE | F.ATTRIB

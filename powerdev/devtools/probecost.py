@@ -2,8 +2,8 @@
 probe) against httpGet on the daemon's own port, and what a /metrics scrape
 costs the daemon. Measures, asserts nothing:
 
-    .venv/bin/python -m powerdev.probecost            # about a minute
-    .venv/bin/python -m powerdev.probecost --quick    # a smoke run
+    .venv/bin/python -m powerdev.devtools.probecost            # about a minute
+    .venv/bin/python -m powerdev.devtools.probecost --quick    # a smoke run
 
 It starts the real daemon (`powerdev run --metrics-address 127.0.0.1:0`, a
 separate process) against the fake kubelet, with DEVICES device nodes made
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import trio
 
-from powerdev.kubelet.fake import FakeKubelet
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.testing import rss_kib, run_command
 from powerdev.rpc import asyncio_door
-from powerdev.testing import rss_kib, run_command
 
 RESOURCE = "power-dev-plugin/dev"
 # The DaemonSet's probes: liveness every 30 s, readiness every 10 s.
@@ -264,7 +264,9 @@ async def _drain(stream: trio.abc.ReceiveStream) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m powerdev.probecost", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m powerdev.devtools.probecost", description=__doc__
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run with few samples")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(

@@ -35,15 +35,13 @@ from typing import Any
 
 import trio
 
-from powerdev import stepwatch, uevent_bench
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
 from powerdev.devices.uevents import NetlinkEvents
-from powerdev.kubelet.devicemanager import DeviceManager
-from powerdev.kubelet.fake import FakeKubelet
-from powerdev.kubelet.kit import DMHARNESS
-from powerdev.rpc import asyncio_door
-from powerdev.rpc.kubelet_side import PluginClient
-from powerdev.testing import (
+from powerdev.devtools import stepwatch, uevent_bench
+from powerdev.devtools.devicemanager import DeviceManager
+from powerdev.devtools.fake_kubelet import FakeKubelet
+from powerdev.devtools.kit import DMHARNESS
+from powerdev.devtools.testing import (
     FIRST_LOOP,
     LOOP_PATTERN,
     is_root,
@@ -52,6 +50,8 @@ from powerdev.testing import (
     rss_kib,
     run_command,
 )
+from powerdev.rpc import asyncio_door
+from powerdev.rpc.kubelet_side import PluginClient
 
 STOP_TIMEOUT = 10.0
 PROFILE_ENV = "POWERDEV_BENCH_PROFILE"  # PATH: cProfile stats of the device events, PATH-<n>.pstats
@@ -443,7 +443,7 @@ async def measure_device_events(
         plugin_dir = root / "device-plugins"
         log = root / "powerdev.log"
         command = [
-            *(sys.executable, "-m", "powerdev.uevent_bench", "--root", str(root / "host")),
+            *(sys.executable, "-m", "powerdev.devtools.uevent_bench", "--root", str(root / "host")),
             *("--plugin-dir", str(plugin_dir), "--devices", str(n)),
             *("--cycles", str(plan.event_cycles)),
         ]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import trio
 
-from powerdev import app
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, load_config
-from powerdev.kubelet.fake import Event, FakeKubelet
+from powerdev.daemon import supervisor
+from powerdev.daemon.settings import Settings
+from powerdev.devtools.fake_kubelet import Event, FakeKubelet
 from powerdev.rpc import asyncio_door
 
 # Finds real devices on an ordinary Linux machine, loop devices included, so
@@ -79,7 +80,7 @@ async def run_local(
 
         kubelet: FakeKubelet
         kubelet = FakeKubelet(plugin_dir, on_event=lambda e: say(describe(e, kubelet)))
-        settings = app.Settings(
+        settings = Settings(
             plugin_dir=plugin_dir,
             dev_root=dev_root,
             sys_root=sys_root,
@@ -90,7 +91,7 @@ async def run_local(
         )
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(kubelet.run)
-            await nursery.start(app.run, settings, config)
+            await nursery.start(supervisor.run, settings, config)
             names = [r.name for r in config.resources]
             await kubelet.wait_until(
                 lambda k: all(n in k.resources and k.resources[n].updates > 0 for n in names)

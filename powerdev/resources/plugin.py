@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from powerdev import allocation, cdi
-from powerdev.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.model import Device
+from powerdev.resources import allocation, cdi
+from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.tracker import Tracker
 

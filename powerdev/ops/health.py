@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from powerdev.probe import socket_answers
-from powerdev.status import read_status_file
+from powerdev.ops.status import read_status_file
+from powerdev.support.probe import socket_answers
 
 
 def main(status_file: Path, *, ready: bool, timeout: float) -> int:
