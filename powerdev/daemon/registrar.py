@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch
+from powerdev.kubelet.watch import DirectoryGone, PluginDirWatch, Reason
 from powerdev.ops import metrics
 from powerdev.ops.status import StatusFile
 from powerdev.resources.plugin import Plugin
@@ -40,9 +40,10 @@ REGISTER_BACKOFF = (0.05, 5.0)  # first and longest wait between Register attemp
 STREAM_END_BACKOFF = (0.1, 5.0)  # before Register, after repeated quick stream ends
 ERROR_BACKOFF = (0.1, 5.0)  # after an OSError from the plugin directory
 STABLE_AFTER = 10.0  # a registration that lived this long resets the stream-end backoff
-STREAM_ENDED = (
+STREAM_ENDED = Reason(
+    "stream_end",
     "the kubelet ended our ListAndWatch stream (it is stopping or restarting, "
-    "or another plugin took the resource)"
+    "or another plugin took the resource)",
 )
 
 
@@ -72,6 +73,14 @@ async def serve_resource(
     while True:
         try:
             with PluginDirWatch(plugin_dir, plugin.resource.socket, inotify) as watch:
+                if watch.made:
+                    log.warning(
+                        "%s: the plugin directory %s did not exist (the kubelet makes it when "
+                        "it starts): made it, to wait there for kubelet.sock; if the kubelet "
+                        "uses another directory, set --plugin-dir to it",
+                        plugin.resource.name,
+                        plugin_dir,
+                    )
                 await _registrations(plugin, watch, socket_path, serving, report)
         except* DirectoryGone as group:
             metrics.next_registration(plugin.resource.name, "plugin_dir_removed")
@@ -113,7 +122,7 @@ async def _registrations(
             )
             report("waiting")
             reason = await watch.wait_for_restart()
-            metrics.next_registration(resource.name, reason)
+            metrics.next_registration(resource.name, reason.cause)
             log.info("%s: %s; serving", resource.name, reason)
             continue
         socket_path.unlink(missing_ok=True)  # noqa: ASYNC240 (one local directory entry)
@@ -135,7 +144,7 @@ async def _registrations(
             reason = await _first_of(watch.wait_for_restart, partial(_stream_end, service))
             report("re-registering")  # our socket may be gone already: alive, not ready
             registration.cancel_scope.cancel()
-        metrics.next_registration(resource.name, reason)
+        metrics.next_registration(resource.name, reason.cause)
         log.info("%s: %s; serving and registering again", resource.name, reason)
         quick = trio.current_time() - began < STABLE_AFTER
         if reason == STREAM_ENDED and quick and not new_kubelet:
@@ -152,7 +161,7 @@ async def _warm_up(service: PluginService, answers: Answers, plugin: Plugin) -> 
     await answers.allocate(plugin.allocate([[]], refresh=False))
 
 
-async def _stream_end(service: PluginService) -> str:
+async def _stream_end(service: PluginService) -> Reason:
     await service.kubelet_stream_ended.wait()
     return STREAM_ENDED
 
@@ -205,12 +214,12 @@ async def _register_until_done(
         await trio.sleep(backoff.next())
 
 
-async def _first_of(*waiters: Callable[[], Awaitable[str]]) -> str:
+async def _first_of(*waiters: Callable[[], Awaitable[Reason]]) -> Reason:
     """Run the waiters together; return what the first to finish returns."""
-    results: list[str] = []
+    results: list[Reason] = []
     async with trio.open_nursery() as nursery:
 
-        async def one(waiter: Callable[[], Awaitable[str]]) -> None:
+        async def one(waiter: Callable[[], Awaitable[Reason]]) -> None:
             results.append(await waiter())
             nursery.cancel_scope.cancel()
 

@@ -197,8 +197,8 @@ class Running:
             udev=settings.udev,
             ledger=self.ledger,
         )
-        plugin = Plugin(resource, inventory, tracker)
-        plugin.refresh = self.refresh
+        spec = self._spec_writer(resource.name)
+        plugin = Plugin(resource, inventory, tracker, refresh=self.refresh, spec=spec)
         for pattern, where in missing_directories(resource.include, settings.dev_root):
             log.warning(
                 "%s: include-devices pattern %r can match nothing yet: %s does not exist "
@@ -272,6 +272,18 @@ class Running:
             if batch:
                 metrics.events_received(source, batch)
                 _apply(batch, self.plugins, self._nursery)
+
+    def _spec_writer(self, name: str) -> SpecWriter:
+        """The resource's CDI spec writer: the one it had, if it is back in
+        the config before its old spec went, else a new one."""
+        retiring = self._retiring.pop(name, None)
+        if retiring is not None:
+            retiring.cancel()
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = SpecWriter(self.settings.cdi_spec_dir, name, self.held_ids)
+            self._writers[name] = writer
+        return writer
 
     async def _retire_spec(
         self, writer: SpecWriter, resource: ResourceConfig, scope: trio.CancelScope
@@ -352,15 +364,8 @@ class Running:
     async def _serve(
         self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        name = plugin.resource.name
-        retiring = self._retiring.pop(name, None)
-        if retiring is not None:  # back in the config before its old spec went
-            retiring.cancel()
-        writer = self._writers.get(name)
-        if writer is None:
-            writer = SpecWriter(self.settings.cdi_spec_dir, name, self.held_ids)
-            self._writers[name] = writer
-        plugin.prepare = partial(_write_spec, writer, plugin)
+        writer = plugin.spec
+        assert writer is not None  # prepare() gives every plugin of the daemon one
         scope = self._scopes.get(plugin.resource.name)
         if scope is None or plugin not in self.plugins:
             task_status.started()
@@ -410,10 +415,6 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
             nursery.start_soon(scan, plugin)
         elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
             _log_devices(plugin)
-
-
-async def _write_spec(writer: SpecWriter, plugin: Plugin) -> None:
-    await writer.ensure(plugin.resource, plugin.inventory.current)
 
 
 async def _keep_spec(writer: SpecWriter, plugin: Plugin, interval: float) -> None:

@@ -7,6 +7,7 @@ inode (a new file may get the old inode number).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from inotify_simple import flags as F
@@ -20,12 +21,27 @@ _NEW = F.CREATE | F.MOVED_TO
 _DIR_GONE = F.DELETE_SELF | F.MOVE_SELF | F.IGNORED
 
 
+@dataclass(frozen=True)
+class Reason:
+    """Why a resource serves and registers again: `cause` is the metric's
+    label, `said` the words of the log line."""
+
+    cause: str
+    said: str
+
+    def __str__(self) -> str:
+        return self.said
+
+
 class DirectoryGone(Exception):
     """The watched directory was removed or moved; the watch is over."""
 
 
 class PluginDirWatch:
     def __init__(self, plugin_dir: Path, socket_name: str, inotify: Inotify | None = None) -> None:
+        # The kubelet makes it when it starts; made here if it is missing, so
+        # that it can be watched. `made` says so, for the log.
+        self.made = not plugin_dir.is_dir()
         plugin_dir.mkdir(parents=True, exist_ok=True)
         self.plugin_dir = plugin_dir
         self.socket_name = socket_name
@@ -61,13 +77,15 @@ class PluginDirWatch:
             created |= self._kubelet_created(await self._watcher.events())
         return self._kubelet_created(self._watcher.ready()) or created
 
-    async def wait_for_restart(self) -> str:
+    async def wait_for_restart(self) -> Reason:
         """Return, with the reason, when our socket goes or kubelet.sock is made anew."""
         while True:
             for event in await self._watcher.events():
                 if event.mask & _DIR_GONE:
                     raise DirectoryGone(f"{self.plugin_dir} was removed")
                 if event.name == self.socket_name and event.mask & _GONE:
-                    return f"our socket {self.socket_name} was removed"
+                    return Reason("socket_removed", f"our socket {self.socket_name} was removed")
                 if event.name == KUBELET_SOCKET and event.mask & _NEW:
-                    return "kubelet.sock was created again: the kubelet restarted"
+                    return Reason(
+                        "kubelet_restart", "kubelet.sock was created again: the kubelet restarted"
+                    )

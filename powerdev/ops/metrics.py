@@ -116,21 +116,17 @@ for _result in ("applied", "rejected"):
 
 STATES = ("waiting", "serving", "registered", "re-registering")
 _next_cause: dict[str, str] = {}  # resource -> why its next registration happens
-_REASONS = (  # words of registrar.py's and kubelet/watch.py's reasons -> cause
-    ("ListAndWatch stream", "stream_end"),
-    ("kubelet.sock was created again", "kubelet_restart"),
-    ("socket", "socket_removed"),
-)
+CAUSES = ("start", "kubelet_restart", "stream_end", "socket_removed", "plugin_dir_removed", "error")
 
 
 # --- hooks: each called from one place that counts ---------------------------
 
 
-def next_registration(resource: str, reason: str) -> None:
-    """Why the next registration of `resource` happens: a cause label, or the
-    reason registrar.py logs (classified here)."""
-    cause = next((c for words, c in _REASONS if words in reason), reason)
-    _next_cause[resource] = cause if cause.isidentifier() else "other"
+def next_registration(resource: str, cause: str) -> None:
+    """Why the next registration of `resource` happens: one of CAUSES."""
+    if cause not in CAUSES:
+        raise ValueError(f"not a registration cause: {cause!r}")
+    _next_cause[resource] = cause
 
 
 def registered(resource: str) -> None:

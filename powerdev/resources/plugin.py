@@ -7,24 +7,41 @@ and reused by every stream and every Allocate.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.model import Device
 from powerdev.resources import allocation, cdi
 from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
+from powerdev.resources.cdi import SpecWriter
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.tracker import Tracker
 
 
 class Plugin:
+    """What a resource needs is given where it is built: its settings, its
+    inventory, and, in the daemon, the tracker that keeps the inventory in
+    step with the host, `refresh` (applies every device event the kernel
+    has queued, without waiting: Allocate calls it first, so a node removed
+    a moment ago is never granted) and `spec` (the CDI spec writer, awaited
+    before an Allocate answer is sent so that the file names what the
+    answer names). Unit tests leave the last three out."""
+
     def __init__(
-        self, resource: ResourceConfig, inventory: Inventory, tracker: Tracker | None = None
+        self,
+        resource: ResourceConfig,
+        inventory: Inventory,
+        tracker: Tracker | None = None,
+        *,
+        refresh: Callable[[], None] | None = None,
+        spec: SpecWriter | None = None,
     ) -> None:
         self._resource = resource
         self.inventory = inventory
-        self.tracker = tracker  # keeps the inventory in step with the host (None in unit tests)
+        self.tracker = tracker
+        self.spec = spec
+        self._refresh = refresh
         self._units_key: tuple[object, ...] | None = None
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}
@@ -32,12 +49,16 @@ class Plugin:
         self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
         self._by_unit: dict[str, list[Device]] = {}
         self._by_unit_version = -1
-        # Applies every device event the kernel has queued, without waiting:
-        # Allocate calls it first, so a node removed a moment ago is never granted.
-        self.refresh: Callable[[], None] = lambda: None
-        # Awaited before an Allocate answer is sent: in CDI mode, it makes
-        # sure the spec file names what the answer names.
-        self.prepare: Callable[[], Awaitable[None]] = _nothing
+
+    def refresh(self) -> None:
+        """Apply the device events queued now (nothing without a daemon)."""
+        if self._refresh is not None:
+            self._refresh()
+
+    async def prepare(self) -> None:
+        """Make the CDI spec name the current list (nothing without a writer)."""
+        if self.spec is not None:
+            await self.spec.ensure(self.resource, self.inventory.current)
 
     @property
     def ledger(self) -> Ledger | None:
@@ -125,7 +146,3 @@ class Plugin:
                 for avail, must, size in requests
             ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
-
-
-async def _nothing() -> None:
-    return None

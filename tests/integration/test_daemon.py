@@ -364,3 +364,22 @@ async def test_a_resource_removed_before_it_serves_is_never_served(tmp_path, dev
             await running.start(plugin, wait=True)  # returns at once: nothing to serve
             assert not settings.plugin_dir.exists() or not list(settings.plugin_dir.iterdir())
             nursery.cancel_scope.cancel()
+
+
+async def test_a_missing_plugin_directory_is_named_as_missing(tmp_path, dev, caplog):
+    plugin_dir = tmp_path / "not-yet" / "device-plugins"
+    status = tmp_path / "status"
+    settings = Settings(
+        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", status_file=status
+    )
+    with trio.fail_after(LIMIT):
+        async with asyncio_door(), trio.open_nursery() as nursery:
+            nursery.start_soon(supervisor.run, settings, config_for(INCLUDE))
+            await wait_for_file(status, lambda text: '"waiting"' in text)
+            said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert any(
+                f"the plugin directory {plugin_dir} did not exist" in line
+                and "--plugin-dir" in line
+                for line in said
+            ), said
+            nursery.cancel_scope.cancel()
