@@ -25,7 +25,7 @@ from powerdev.daemon.registrar import serve_resource
 from powerdev.daemon.reload import Reloader
 from powerdev.daemon.settings import Settings
 from powerdev.devices.dirwatch import DirEvents, watch_levels
-from powerdev.devices.discovery import NX_GZIP, missing_directories
+from powerdev.devices.discovery import NX_GZIP
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
 from powerdev.devices.inuse import HostUseGuard
@@ -35,7 +35,7 @@ from powerdev.ops import metrics, oplog, opsserver
 from powerdev.ops.status import StatusFile
 from powerdev.resources import allocation
 from powerdev.resources.cdi import SpecWriteError, SpecWriter
-from powerdev.resources.matching import why_nothing
+from powerdev.resources.matching import start_warnings, why_nothing
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 from powerdev.resources.tracker import Tracker
@@ -199,14 +199,8 @@ class Running:
         )
         spec = self._spec_writer(resource.name)
         plugin = Plugin(resource, inventory, tracker, refresh=self.refresh, spec=spec)
-        for pattern, where in missing_directories(resource.include, settings.dev_root):
-            log.warning(
-                "%s: include-devices pattern %r can match nothing yet: %s does not exist "
-                "(it is watched, and its devices are found if it appears)",
-                resource.name,
-                pattern,
-                where,
-            )
+        for line in start_warnings(resource, settings.dev_root):
+            log.warning("%s", line)
         self.plugins.append(plugin)
         # Its scope exists from now on, so a reload that removes it before
         # it serves (the kubelet not up yet) cancels it all the same.

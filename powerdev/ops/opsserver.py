@@ -97,9 +97,15 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class ListenError(Exception):
+    """The port cannot be had (taken, or not an address of this host): the
+    config is fine, the host is not ready for it."""
+
+
 def listen(address: str) -> socket.socket:
-    """A listening TCP socket for `address` (see parse_address); ConfigError
-    when it cannot be had, naming the option and the fix."""
+    """A listening TCP socket for `address` (see parse_address). ConfigError
+    for an address that is not one; ListenError when it cannot be had. Both
+    name the option and the fix."""
     try:
         host, port = parse_address(address)
     except ValueError as err:
@@ -115,11 +121,9 @@ def listen(address: str) -> socket.socket:
         family, _, _, _, where = infos[0]
         return socket.create_server(where, family=family, backlog=BACKLOG)
     except OSError as err:
-        raise ConfigError(
-            "--metrics-address",
-            None,
-            f"cannot listen on {address}: {err.strerror or err}",
-            "choose a free port and an address of this host, or leave it unset",
+        raise ListenError(
+            f"--metrics-address: cannot listen on {address}: {err.strerror or err}; "
+            "choose a free port and an address of this host, or leave it unset"
         ) from None
 
 

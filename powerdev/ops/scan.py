@@ -21,7 +21,13 @@ from powerdev.devices.discovery import control_allowed, probe
 from powerdev.devices.inuse import HostUse, HostUseGuard
 from powerdev.devices.model import Device
 from powerdev.devices.udevdb import UdevDatabase
-from powerdev.resources.matching import candidates, describe, properties_match
+from powerdev.resources.matching import (
+    candidates,
+    describe,
+    properties_match,
+    start_warnings,
+    why_nothing,
+)
 from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS
 
 
@@ -31,6 +37,19 @@ class Report:
     allocation: str
     advertised: list[Device] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (host path, why)
+
+
+def warnings(config: Config, reports: list[Report], dev_root: Path, sys_root: Path) -> list[str]:
+    """Every warning `powerdev run` gives at start for this config on this
+    host, in its order and words: the config file's, each resource's before
+    it scans, and each resource that advertises nothing, with why."""
+    said = list(config.warnings)
+    for resource, report in zip(config.resources, reports, strict=True):
+        said += start_warnings(resource, dev_root)
+        if not report.advertised:
+            why = why_nothing(resource, dev_root, sys_root)
+            said.append(f"{resource.name}: advertises no device: {why}")
+    return said
 
 
 def scan(

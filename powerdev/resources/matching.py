@@ -19,6 +19,7 @@ from powerdev.devices.discovery import (
     include_candidates,
     is_virtual_block,
     matches_any,
+    missing_directories,
     probe,
 )
 from powerdev.devices.inuse import BlockTopology
@@ -156,3 +157,22 @@ def why_nothing(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> str
     if not any(probe(dev_root, p) is not None for p in kept):
         return f"{len(kept)} paths match, but none is a character or block device node"
     return "the nodes that match are control nodes or in use by the host (see above)"
+
+
+def start_warnings(resource: ResourceConfig, dev_root: Path) -> list[str]:
+    """What an operator should hear about a resource before any device is
+    looked at: a pattern whose directory does not exist, nx-gzip asked for
+    on a host without it. `powerdev run` logs these, `powerdev scan` prints
+    them: one list, so the two say the same."""
+    said = [
+        f"{resource.name}: include-devices pattern {pattern!r} can match nothing yet: "
+        f"{where} does not exist (it is watched, and its devices are found if it appears)"
+        for pattern, where in missing_directories(resource.include, dev_root)
+    ]
+    if resource.nx_gzip and probe(dev_root, NX_GZIP) is None:
+        said.append(
+            f"{resource.name}: nx-gzip is true, but this host has no {NX_GZIP} (it is made "
+            "by the nx-gzip driver on IBM Power9 and later with the NX accelerator): it is "
+            "watched, and advertised if it appears; set nx-gzip to false on other hosts"
+        )
+    return said

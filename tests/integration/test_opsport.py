@@ -308,7 +308,7 @@ def test_a_bad_or_taken_address_is_one_clear_error():
     taken = port_socket()
     with taken:
         address = oplog.bound_address(taken)
-        with pytest.raises(Exception, match=f"--metrics-address.*cannot listen on {address}"):
+        with pytest.raises(opsserver.ListenError, match=f"cannot listen on {address}"):
             opsserver.listen(address)
 
 

@@ -132,21 +132,105 @@ async def test_powerdev_local_shows_several_resources(tmp_path):
     )
 
 
-def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):
+async def run_warnings(tmp_path, config_path) -> list[str]:
+    """The WARNING lines `powerdev run` logs, up to its wait for the kubelet."""
+    import signal
+
+    import trio
+
+    from powerdev.devtools.testing import run_command
+
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir(exist_ok=True)
+    command = run_command(
+        plugin_dir,
+        config_path,
+        tmp_path / "dev",
+        "--sys-root",
+        str(tmp_path / "sys"),
+        "--uevents",
+        "off",
+        "--status-file",
+        str(tmp_path / "status"),
+        "--pod-resources-socket",
+        str(tmp_path / "no-kubelet.sock"),
+    )
+    lines: list[str] = []
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
+        try:
+            buffered = b""
+            while not any("waiting for the kubelet" in line for line in lines):
+                chunk = await proc.stderr.receive_some()
+                assert chunk, "\n".join(lines)
+                buffered += chunk
+                *done, buffered = buffered.split(b"\n")
+                lines += [line.decode() for line in done]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+    # "<time> WARNING <logger>: <message>"
+    return [
+        line.split(" WARNING ", 1)[1].split(": ", 1)[1] for line in lines if " WARNING " in line
+    ]
+
+
+def scan_warnings(done: subprocess.CompletedProcess) -> list[str]:
+    prefix = "powerdev: warning: "
+    return [line[len(prefix) :] for line in done.stderr.splitlines() if line.startswith(prefix)]
+
+
+async def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):
+    """The same words, in the same order, from the same config on the same
+    host: the config file's warnings, a missing directory, nx-gzip on a
+    host without it, the defaults of a missing or empty file."""
     make_dev_tree(tmp_path / "dev", ["acc0"])
-    config = {"include-devices": ["/dev/acc*"], "permisions_typo_far_away": 1}
-    done = scan(tmp_path, config)
-    assert done.returncode == 0
-    assert "powerdev: warning: " in done.stderr
-    assert "field 'permisions_typo_far_away' is not known and is ignored" in done.stderr
-    (tmp_path / "config.json").write_text(" \n")
-    empty = subprocess.run(
-        [sys.executable, "-m", "powerdev", "scan", "--config", str(tmp_path / "config.json")],
+    path = tmp_path / "config.json"
+    cases = {
+        "typo, gone, nx": {
+            "include-devices": ["/dev/acc*", "/dev/gone/*"],
+            "nx-gzip": True,
+            "permisions_typo_far_away": 1,
+        },
+        "empty": " \n",
+        "missing": None,
+    }
+    for case, config in cases.items():
+        path.unlink(missing_ok=True)
+        if isinstance(config, dict):
+            path.write_text(json.dumps(config))
+        elif config is not None:
+            path.write_text(config)
+        done = scan(tmp_path, config) if isinstance(config, dict) else scan_file(tmp_path, path)
+        assert done.returncode == 0, done.stderr
+        said = scan_warnings(done)
+        assert said == await run_warnings(tmp_path, path), case
+        assert said, case
+    # The first case: each warning there, named.
+    first = scan(tmp_path, cases["typo, gone, nx"])
+    text = "\n".join(scan_warnings(first))
+    assert "field 'permisions_typo_far_away' is not known and is ignored" in text
+    assert "'/dev/gone/*' can match nothing yet" in text
+    assert "nx-gzip is true, but this host has no /dev/crypto/nx-gzip" in text
+
+
+def scan_file(tmp_path, path):
+    """`powerdev scan` of a config file as it is (empty, or missing)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerdev",
+            "scan",
+            "--config",
+            str(path),
+            "--dev-root",
+            str(tmp_path / "dev"),
+            "--sys-root",
+            str(tmp_path / "sys"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert empty.returncode == 0
-    assert "config.json is empty: using the defaults" in empty.stderr
-    assert "They advertise every block device of the host" in empty.stderr

@@ -1,0 +1,167 @@
+"""What each daemon-side sub-command does once its arguments are parsed:
+`run`, `local`, `scan` and `bench`. Each returns the process's exit code:
+0 done, 1 could not start (the host is not ready: a port taken), 2 a bad
+config or option (the same for `run` and `scan`)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+from powerdev.config import Config, ConfigError, load_config, socket_path_problem
+
+BAD_CONFIG, CANNOT_START = 2, 1
+
+
+def load_checked(args: argparse.Namespace) -> Config:
+    """The config `run` and `scan` both check, in the same steps: the file,
+    then one device to one resource (ConfigError for either)."""
+    from powerdev.devices.udevdb import Pyudev
+    from powerdev.resources import ownership
+
+    config = load_config(
+        args.config, resource_name=args.resource_name, socket_name=args.socket_name
+    )
+    ownership.check_devices(config, args.dev_root, args.sys_root, Pyudev())
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """`powerdev run`: check everything that can be checked, bind the ops
+    port, then hand over to the supervisor until a signal."""
+    import trio
+
+    from powerdev.daemon import supervisor
+    from powerdev.daemon.settings import Settings
+    from powerdev.devices.udevdb import Pyudev
+    from powerdev.devtools import stepwatch
+    from powerdev.ops import opsserver
+
+    os.umask(0o077)  # our sockets are for the kubelet (root) only
+    try:
+        config = load_checked(args)
+        _check_socket_paths(args.plugin_dir, config)
+        port = opsserver.listen(args.metrics_address) if args.metrics_address else None
+    except ConfigError as err:
+        return _say("bad config", err, BAD_CONFIG)
+    except opsserver.ListenError as err:
+        return _say("cannot start", err, CANNOT_START)
+    settings = Settings(
+        plugin_dir=args.plugin_dir,
+        dev_root=args.dev_root,
+        sys_root=args.sys_root,
+        uevents=args.uevents,
+        status_file=args.status_file,
+        config_path=args.config,
+        host_mountinfo=args.host_mountinfo,
+        cdi_spec_dir=args.cdi_spec_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        cdi_recheck_interval=args.cdi_recheck_interval,
+        udev=Pyudev(),
+        resource_name=args.resource_name,
+        socket_name=args.socket_name,
+        metrics_socket=port,
+    )
+    steps = stepwatch.from_environment()
+    # What the imports made lives as long as the daemon. Collected once now
+    # and frozen, the collector never scans it again: the daemon's first full
+    # collection scans what the daemon made, not every module (at 10,000
+    # devices it took 20 to 35 ms, and landed in the step that publishes the
+    # first scan).
+    gc.collect()
+    gc.freeze()
+    try:
+        trio.run(
+            supervisor.run_until_signalled,
+            partial(supervisor.run, settings, config),
+            instruments=[steps[0]] if steps else [],
+        )
+    finally:
+        if steps:
+            stepwatch.write(*steps)
+    return 0
+
+
+def local(args: argparse.Namespace) -> int:
+    """`powerdev local`: the daemon and a fake kubelet, in a temp directory."""
+    import trio
+
+    from powerdev.daemon import supervisor
+    from powerdev.devtools import local as local_runner  # the fake kubelet: never in the daemon
+
+    os.umask(0o077)
+    if args.config is not None:  # named by the user: it must exist and be good
+        try:
+            if not args.config.is_file():
+                raise ConfigError(
+                    str(args.config), None, "does not exist", "give the path of a config.json"
+                )
+            load_checked(args)
+        except ConfigError as err:
+            return _say("bad config", err, BAD_CONFIG)
+    trio.run(
+        supervisor.run_until_signalled,
+        partial(
+            local_runner.run_local,
+            config_path=args.config,
+            resource_name=args.resource_name,
+            socket_name=args.socket_name,
+            dev_root=args.dev_root,
+            sys_root=args.sys_root,
+            uevents=args.uevents,
+        ),
+    )
+    return 0
+
+
+def scan(args: argparse.Namespace) -> int:
+    """`powerdev scan`: the config checked as `run` checks it, every warning
+    `run` would give at start, then the report. Exit 0, or 2 for a bad config."""
+    from powerdev.devices.inuse import HostUseGuard
+    from powerdev.devices.udevdb import Pyudev
+    from powerdev.ops import scan as scanning
+
+    try:
+        config = load_checked(args)
+    except ConfigError as err:
+        return _say("bad config", err, BAD_CONFIG)
+    guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
+    reports = scanning.scan(config, args.dev_root, args.sys_root, Pyudev(), guard)
+    for warning in scanning.warnings(config, reports, args.dev_root, args.sys_root):
+        print(f"powerdev: warning: {warning}", file=sys.stderr)
+    print(scanning.as_json(reports) if args.json else scanning.as_text(reports))
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    """`powerdev bench`: the developer's measure."""
+    import trio
+
+    from powerdev.devtools import bench as benchmark
+
+    plan = (
+        benchmark.QUICK
+        if args.quick
+        else benchmark.Plan(sizes=tuple(int(n) for n in args.sizes.split(",")))
+    )
+    trio.run(partial(benchmark.run_bench, plan, args.json))
+    return 0
+
+
+def _say(what: str, err: Exception, code: int) -> int:
+    print(f"powerdev: {what}: {err}", file=sys.stderr)
+    return code
+
+
+def _check_socket_paths(plugin_dir: Path, config: Config) -> None:
+    """Refuse, at start, socket paths the kernel cannot bind or dial."""
+    for name in (*(r.socket for r in config.resources), "kubelet.sock"):
+        problem = socket_path_problem(plugin_dir, name)
+        if problem:
+            raise ConfigError(
+                "--plugin-dir", None, problem, "use a shorter --plugin-dir, or shorter socket names"
+            )

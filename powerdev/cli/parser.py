@@ -1,0 +1,227 @@
+"""The command line's parser: one function per sub-command, and the option
+groups they share. Every option has an environment variable (POWERDEV_...)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from powerdev import __version__
+from powerdev.cli import webhook as webhook_cli
+from powerdev.cli.options import (
+    LOG_LEVELS,
+    UEVENT_SOURCES,
+    Parser,
+    env,
+    metrics_address,
+    one_of,
+    seconds_between,
+)
+from powerdev.config import DEFAULT_CONFIG_PATH, DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
+from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from powerdev.ops import logformat
+from powerdev.ops.status import DEFAULT_STATUS_FILE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="powerdev", description="A Kubernetes device plugin for host device nodes."
+    )
+    parser.add_argument("--version", action="version", version=f"powerdev {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_run, _bench, _scan, _health, _local):
+        add(sub)
+    webhook_cli.add_parsers(sub, LOG_LEVELS)
+    return parser
+
+
+def _run(sub: argparse._SubParsersAction) -> None:
+    """`powerdev run`: the daemon, as the DaemonSet runs it."""
+    run = sub.add_parser("run", help="run the device plugin daemon (what the DaemonSet runs)")
+    run.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path(env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
+        help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
+        f"default {DEFAULT_PLUGIN_DIR}]",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
+        help="config.json in the seed's format; a missing file means defaults "
+        f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
+    _common(run)
+    _host_views(run)
+    run.add_argument(
+        "--cdi-spec-dir",
+        type=Path,
+        default=Path(env("CDI_SPEC_DIR", "/var/run/cdi")),
+        help='where resources with "cdi": true write their CDI spec [env '
+        "POWERDEV_CDI_SPEC_DIR; default /var/run/cdi]",
+    )
+    run.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET)),
+        help="the kubelet's PodResources API, asked which devices pods still hold before a "
+        "CDI spec forgets one [env POWERDEV_POD_RESOURCES_SOCKET; default "
+        f"{DEFAULT_POD_RESOURCES_SOCKET}]",
+    )
+    run.add_argument(
+        "--cdi-recheck-interval",
+        type=seconds_between(0.01, 3600),
+        default=env("CDI_RECHECK_INTERVAL", "30"),
+        help="while a CDI spec keeps devices only because pods may hold them, ask the kubelet "
+        "again this often [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
+    )
+
+    run.add_argument(
+        "--status-file",
+        type=Path,
+        default=Path(env("STATUS_FILE", DEFAULT_STATUS_FILE)),
+        help="where to record each resource's state for `powerdev health` "
+        f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
+    )
+    run.add_argument(
+        "--metrics-address",
+        type=metrics_address,
+        default=env("METRICS_ADDRESS", "") or None,
+        help="serve /metrics, /healthz and /readyz over HTTP here: HOST:PORT, :PORT "
+        "(every interface) or [IPv6]:PORT [env POWERDEV_METRICS_ADDRESS; default: off]",
+    )
+
+
+def _bench(sub: argparse._SubParsersAction) -> None:
+    """`powerdev bench`: the developer's measure (powerdev.devtools.bench)."""
+    bench = sub.add_parser(
+        "bench", help="measure the real daemon against the fake kubelet (prints a table)"
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small smoke run (100 devices, a few calls) instead of the full one",
+    )
+    bench.add_argument(
+        "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
+    )
+    bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    bench.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
+
+
+def _scan(sub: argparse._SubParsersAction) -> None:
+    """`powerdev scan`: the config checker and what it would advertise here."""
+    scan = sub.add_parser(
+        "scan",
+        help="print what each resource would advertise here, and what is left out and why",
+    )
+    scan.add_argument(
+        "--config",
+        type=Path,
+        default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
+        help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
+    scan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _common(scan)
+    _host_views(scan)
+
+
+def _health(sub: argparse._SubParsersAction) -> None:
+    """`powerdev health`: the exec probe."""
+    health = sub.add_parser(
+        "health", help="exit 0 if the daemon is alive (--ready: and registered), else 1"
+    )
+    health.add_argument(
+        "--ready",
+        action="store_true",
+        help="also require every resource to be registered with the kubelet",
+    )
+    health.add_argument(
+        "--status-file",
+        type=Path,
+        default=Path(env("STATUS_FILE", DEFAULT_STATUS_FILE)),
+        help=f"[env POWERDEV_STATUS_FILE; default {DEFAULT_STATUS_FILE}]",
+    )
+    health.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for the plugin's socket to answer [default 3]",
+    )
+    health.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
+
+
+def _local(sub: argparse._SubParsersAction) -> None:
+    """`powerdev local`: the daemon against a fake kubelet, no cluster needed."""
+    local = sub.add_parser(
+        "local",
+        help="run the daemon against a fake kubelet in a temp dir and print what the kubelet sees",
+    )
+    local.add_argument(
+        "--config", type=Path, default=None, help="use this config.json instead of the demo one"
+    )
+    _common(local)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    """What every daemon-side command takes: logging, names, the host's /dev and /sys."""
+    p.add_argument(
+        "--log-level",
+        type=one_of(LOG_LEVELS),
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        default=env("LOG_LEVEL", "info"),
+        help="log verbosity [env POWERDEV_LOG_LEVEL; default info]",
+    )
+    p.add_argument(
+        "--log-format",
+        type=one_of(logformat.FORMATS),
+        metavar="{" + ",".join(logformat.FORMATS) + "}",
+        default=env("LOG_FORMAT", "text"),
+        help="text, or json: one object per line [env POWERDEV_LOG_FORMAT; default text]",
+    )
+    p.add_argument(
+        "--resource-name",
+        default=env("RESOURCE_NAME", DEFAULT_RESOURCE_NAME),
+        help="extended resource to advertise [env POWERDEV_RESOURCE_NAME; "
+        f"default {DEFAULT_RESOURCE_NAME}]",
+    )
+    p.add_argument(
+        "--socket-name",
+        default=env("SOCKET_NAME", DEFAULT_SOCKET_NAME),
+        help="file name of our socket in the plugin dir [env POWERDEV_SOCKET_NAME; "
+        f"default {DEFAULT_SOCKET_NAME}]",
+    )
+    p.add_argument(
+        "--dev-root",
+        type=Path,
+        default=Path(env("DEV_ROOT", "/dev")),
+        help="where the host's /dev is visible, e.g. /host/dev; reported paths "
+        "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
+    )
+    p.add_argument(
+        "--uevents",
+        type=one_of(UEVENT_SOURCES),
+        metavar="{" + ",".join(UEVENT_SOURCES) + "}",
+        default=env("UEVENTS", "auto"),
+        help="device events to follow: udev (links made; needs /run/udev), kernel, "
+        "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
+    )
+    p.add_argument(
+        "--sys-root",
+        type=Path,
+        default=Path(env("SYS_ROOT", "/sys")),
+        help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
+    )
+
+
+def _host_views(p: argparse.ArgumentParser) -> None:
+    """Where the host's mount table is seen: run and scan. (udev's database
+    is read through libudev, from /run/udev: see devices/udevdb.py.)"""
+    p.add_argument(
+        "--host-mountinfo",
+        type=Path,
+        default=Path(env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
+        help="the host's mount table, to keep devices the host uses out, e.g. "
+        "/host/proc/1/mountinfo [env POWERDEV_HOST_MOUNTINFO; default /proc/self/mountinfo]",
+    )
