@@ -1,15 +1,17 @@
 # syntax=docker/dockerfile:1
-# powerdev: the device plugin image, for linux/amd64, linux/ppc64le and linux/s390x.
+# powerdev: the device plugin image, for linux/amd64, linux/arm64, linux/ppc64le and linux/s390x.
 #
-#   docker buildx build --platform linux/amd64,linux/ppc64le,linux/s390x \
-#     -t quay.io/example/powerdev:0.1.0 --push .
+#   docker buildx build --platform linux/amd64,linux/arm64,linux/ppc64le,linux/s390x \
+#     --sbom=true --provenance=mode=max -t REGISTRY/powerdev:TAG --push .
 #
 # (buildx needs a builder that can build for several platforms, and QEMU's
-# binfmt handlers to run the other architectures' RUN steps; see README,
-# "Build the image".)
+# binfmt handlers to run the other architectures' RUN steps; see
+# docs/image.md. The release workflow, .github/workflows/release.yml, runs
+# this build on a version tag.) Nothing below names an architecture: each
+# platform's build stage installs that platform's wheels.
 #
 # Base: Debian 12 "bookworm" slim with CPython 3.11, the official Python image,
-# which is published for all three architectures (UBI 9 Python is too, but is
+# which is published for all four architectures (UBI 9 Python is too, but is
 # larger and needs a Red Hat registry). Pinned to an exact tag; pin a digest
 # in your own build pipeline for fully reproducible images. It already has
 # libudev1, which pyudev loads: apt (Priority: required) depends on
