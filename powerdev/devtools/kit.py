@@ -1,9 +1,9 @@
 """Where tests and the bench find the conformance kit's binaries.
 
 `bash conformance/build` builds the kit (the kubelet's device manager
-harness, the CDI library's checker, a one-node control plane, kubectl and
-actionlint for the workflows)
-from Go modules into conformance/bin/ of this checkout. Each binary may
+harness, the CDI library's checker, a one-node control plane, kubectl, and
+actionlint for the workflows) from Go modules into conformance/bin/ of this
+checkout. Each binary may
 instead be named by its environment variable; a variable that is set is the
 only place looked at, so that a wrong path is reported rather than hidden by
 an older build. Nothing in the daemon uses the kit.
