@@ -186,6 +186,8 @@ async def wait_gone(path: Path) -> None:
 class ChannelEvents:
     """A fake device-event source fed by a channel; what is queued is one batch."""
 
+    source = "other"
+
     def __init__(self) -> None:
         self.send, self._receive = trio.open_memory_channel(float("inf"))
 

@@ -48,6 +48,8 @@ SWAPS = Path("/proc/swaps")  # swap is not namespaced: a pod's file lists the ho
 
 
 class EventSource(Protocol):
+    source: str  # its label in the metrics: kernel, udev, inotify, host_use, other
+
     async def next_batch(self) -> list[DeviceEvent] | str: ...
 
     def ready_batch(self) -> list[DeviceEvent] | str: ...
@@ -264,7 +266,7 @@ class Running:
         for source in self._sources:
             batch = source.ready_batch()
             if batch:
-                metrics.events_received(source, batch)
+                metrics.events_received(source.source, batch)
                 _apply(batch, self.plugins, self._nursery)
 
     def _spec_writer(self, name: str) -> SpecWriter:
@@ -435,7 +437,7 @@ async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nurs
     """Apply each batch of device events to every resource, at once."""
     while True:
         batch = await events.next_batch()
-        metrics.events_received(events, batch)
+        metrics.events_received(events.source, batch)
         _apply(batch, plugins, nursery)
 
 

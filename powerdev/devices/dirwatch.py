@@ -48,6 +48,8 @@ class DirEvents:
     """Use as a context manager; next_batch() and ready_batch() like the
     netlink source. `watch(levels)` sets the directory patterns to follow."""
 
+    source = "inotify"
+
     def __init__(
         self, dev_root: Path, levels: Iterable[str] = (), inotify: Inotify | None = None
     ) -> None:

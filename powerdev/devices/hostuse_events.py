@@ -56,6 +56,8 @@ class HostUseEvents:
     """Use as a context manager; next_batch() like the netlink source, but it
     only ever returns RESCAN: the guard then looks at every device again."""
 
+    source = "host_use"
+
     def __init__(
         self,
         dev_root: Path,

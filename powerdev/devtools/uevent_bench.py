@@ -219,6 +219,8 @@ class HandedEvents:
     a time. It notes when the follower takes each batch and when it comes
     back for the next one."""
 
+    source = "other"
+
     def __init__(self) -> None:
         self._send, self._receive = trio.open_memory_channel[list[DeviceEvent]](math.inf)
         self.taken = 0.0  # time.monotonic() when the follower took the last batch

@@ -180,18 +180,14 @@ def refusal_reason(plugin: Plugin, requests: Sequence[Sequence[str]]) -> str:
     return "other"
 
 
-def events_received(source: object, batch: object) -> None:
-    """One batch from a device event source (a list of events, or a rescan)."""
-    name = _source_name(source)
-    EVENT_BATCHES.labels(name).inc()
-    EVENTS.labels(name).inc(len(batch) if isinstance(batch, list) else 1)
+EVENT_SOURCES = ("kernel", "udev", "inotify", "host_use", "other")
 
 
-def _source_name(source: object) -> str:
-    kind = getattr(source, "source", None)  # NetlinkEvents: "kernel" or "udev"
-    if isinstance(kind, str):
-        return kind
-    return {"DirEvents": "inotify", "HostUseEvents": "host_use"}.get(type(source).__name__, "other")
+def events_received(source: str, batch: object) -> None:
+    """One batch from a device event source, named by its `source` label
+    (one of EVENT_SOURCES): a list of events, or a rescan."""
+    EVENT_BATCHES.labels(source).inc()
+    EVENTS.labels(source).inc(len(batch) if isinstance(batch, list) else 1)
 
 
 def rescan(resource: str, cause: str) -> None:

@@ -334,6 +334,21 @@ async def test_every_device_event_batch_and_rescan_is_counted(tmp_path):
             assert batches >= before_batches + 2
 
 
+async def test_device_events_are_counted_by_the_source_that_saw_them(tmp_path):
+    """A node made in /dev reaches the daemon through inotify, and is counted so."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    name = "example.com/ops-inotify"
+    config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-i.sock")
+    with trio.fail_after(LIMIT):
+        async with daemon_and_kubelet(tmp_path, config, dev_root=dev) as h:
+            before = counted("powerdev_device_events_total", source="inotify")
+            others = counted("powerdev_device_events_total", source="other")
+            (dev / "dm-1").symlink_to("/dev/null")
+            await h.kubelet.wait_until(lambda k: k.resources[name].capacity == 2)
+            assert counted("powerdev_device_events_total", source="inotify") > before
+            assert counted("powerdev_device_events_total", source="other") == others
+
+
 async def test_register_refusals_are_counted_and_the_accepted_one_by_its_cause(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
     name = "example.com/ops-refused"
