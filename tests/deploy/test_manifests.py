@@ -373,7 +373,7 @@ def test_the_cdi_component_adds_its_mount_and_config_to_an_overlay(tmp_path, ove
     assert (resource.cdi, resource.device_gid, resource.device_mode) == (True, 6, 0o660)
 
 
-# The README's way to let another namespace's Prometheus scrape instead.
+# The way docs/operations.md gives to let another namespace's Prometheus scrape instead.
 OTHER_SCRAPER = """
 patches:
   - target:

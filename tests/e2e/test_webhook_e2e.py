@@ -60,7 +60,7 @@ MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 FAILING_OPEN = "Failed calling webhook, failing open"  # the API server's log line
 PROBE_PACE = 0.05  # seconds between two dry-run probes
 # "The selector also leaves out kube-system, kube-public, kube-node-lease
-# and power-device-plugin" (README, Mutating webhook).
+# and power-device-plugin" (docs/webhook.md).
 README_LEFT_OUT = ("kube-system", "kube-public", "kube-node-lease", "power-device-plugin")
 
 
@@ -171,9 +171,9 @@ def resources(stored: dict, kind: str = "containers") -> dict[str, dict]:
 
 
 def readme_check() -> tuple[list[str], str]:
-    """The README's "Check it" command (kubectl's arguments, split as a shell
-    would) and the output the README shows for it."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """The "Check it" command of docs/webhook.md (kubectl's arguments, split
+    as a shell would) and the output the page shows for it."""
+    lines = (ROOT / "docs" / "webhook.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("kubectl run probe"))
     command = shlex.split(lines[start].rstrip("\\") + lines[start + 1])
     shown = lines[start + 2]
@@ -193,7 +193,7 @@ async def test_as_rendered_a_pod_gets_the_resource_as_the_readme_says(webhook, a
         for key, value in webhook.hook.items():
             assert hook[key] == value, key  # the API server keeps every rendered field
 
-        # The README's check, as it is written there: kubectl run --dry-run=server.
+        # The docs' check, as it is written there: kubectl run --dry-run=server.
         args, shown = readme_check()
         namespace = args[args.index("-n") + 1]
         await selected_namespace(api, webhook, namespace)

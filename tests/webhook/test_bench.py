@@ -1,5 +1,5 @@
 """`powerdev bench-webhook --quick` runs end to end against the real process
-and reports every figure the README quotes (a smoke test; it asserts no speed)."""
+and reports every figure docs/performance.md quotes (a smoke test; it asserts no speed)."""
 
 import json
 import subprocess
