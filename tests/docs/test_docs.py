@@ -29,9 +29,6 @@ from tests.docs.trees import TREES
 UPDATE = os.environ.get("POWERDEV_DOCS_UPDATE") == "1"
 LIMIT = 60  # seconds any one command may take
 SHELL = {"sh", "bash", "console"}
-# Written on another branch (the release workflow's); its links are checked
-# once it is here.
-PENDING = {ROOT / "docs" / "image.md"}
 BIN = str(Path(sys.executable).parent)  # powerdev, as installed with the test extras
 
 ALL = [b for page in pages() for b in blocks(page)]
@@ -82,8 +79,6 @@ def test_every_link_resolves(page):
             continue  # http(s), mailto: not ours to check here
         target, _, anchor = link.partition("#")
         path = (page.parent / target).resolve() if target else page
-        if path in PENDING and not path.exists():
-            continue
         assert path.exists(), f"{rel(page)}: {link}: no such file"
         if anchor:
             assert path.suffix == ".md", f"{rel(page)}: {link}"
