@@ -107,7 +107,13 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
     )
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    bench.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
+    bench.add_argument(
+        "--log-level",
+        type=one_of(LOG_LEVELS),
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        default="warning",
+        help="the bench's own log verbosity [default warning]",
+    )
 
 
 def _scan(sub: argparse._SubParsersAction) -> None:
@@ -149,7 +155,13 @@ def _health(sub: argparse._SubParsersAction) -> None:
         default=3.0,
         help="seconds to wait for the plugin's socket to answer [default 3]",
     )
-    health.add_argument("--log-level", type=one_of(LOG_LEVELS), default="warning")
+    health.add_argument(
+        "--log-level",
+        type=one_of(LOG_LEVELS),
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        default="warning",
+        help="accepted like the other commands'; the probe says only why it fails, on stderr",
+    )
 
 
 def _local(sub: argparse._SubParsersAction) -> None:

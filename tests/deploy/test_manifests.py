@@ -214,7 +214,7 @@ def test_daemonset_scheduling_updates_and_probes():
     (expression,) = terms["nodeSelectorTerms"][0]["matchExpressions"]
     assert (expression["key"], sorted(expression["values"])) == (
         "kubernetes.io/arch",
-        ["amd64", "ppc64le", "s390x"],
+        ["amd64", "arm64", "ppc64le", "s390x"],
     )
     assert ds["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
