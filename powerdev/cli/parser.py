@@ -160,7 +160,7 @@ def _health(sub: argparse._SubParsersAction) -> None:
         type=one_of(LOG_LEVELS),
         metavar="{" + ",".join(LOG_LEVELS) + "}",
         default="warning",
-        help="accepted like the other commands'; the probe says only why it fails, on stderr",
+        help="accepted like the other commands'; the probe prints only why it fails",
     )
 
 
