@@ -210,6 +210,9 @@ def _resource_list(data: dict[str, object], source: str) -> list[object]:
     return entries
 
 
+_NAME_FIX = "name each resource as an extended resource, such as power-dev-plugin/lun"
+
+
 def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple[str, ...]]:
     """Entry i of the "resources" list, and the warnings about it."""
     prefix = f"resources[{i}]."
@@ -220,16 +223,27 @@ def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple
             f"is a JSON {json_type(entry)}",
             'write each resource as an object with a "name"',
         )
-    name = entry.get("name")
-    if not isinstance(name, str) or resource_name_problem(name):
-        why = resource_name_problem(name) if isinstance(name, str) else "it is missing"
+    if "name" not in entry:
+        raise ConfigError(source, prefix + "name", "is missing", _NAME_FIX)
+    name = entry["name"]
+    if not isinstance(name, str):
         raise ConfigError(
             source,
             prefix + "name",
-            f"{name!r}: {why}",
-            "name each resource as an extended resource, such as power-dev-plugin/lun",
+            f"is a JSON {json_type(name)}",
+            'write it as a string such as "power-dev-plugin/lun"',
         )
+    problem = resource_name_problem(name)
+    if problem:
+        raise ConfigError(source, prefix + "name", f"{name!r}: {problem}", _NAME_FIX)
     socket = entry.get("socket", default_socket(name))
+    if not isinstance(socket, str):
+        raise ConfigError(
+            source,
+            prefix + "socket",
+            f"is a JSON {json_type(socket)}",
+            'write it as a string such as "lun.sock", or leave it out',
+        )
     problem = socket_problem(socket)
     if problem:
         raise ConfigError(

@@ -1,0 +1,95 @@
+"""What a config's author reads: each message names the file, the field and
+the fix, in JSON's words (null, true, an array), never Python's."""
+
+import json
+import re
+
+import pytest
+
+from powerdev.config import KNOWN_FIELDS, ConfigError, parse_config
+
+SOURCE = "/etc/power-device-plugin/config.json"
+
+
+def message(data: object) -> str:
+    with pytest.raises(ConfigError) as err:
+        parse_config(json.dumps(data), source=SOURCE)
+    return str(err.value)
+
+
+def entry(**fields: object) -> dict[str, object]:
+    """A "resources" list of one resource; keys spelt with '_' are JSON's '-'."""
+    return {"resources": [{k.replace("_", "-"): v for k, v in fields.items()}]}
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            {"resources": [{}]},
+            "field 'resources[0].name': is missing; "
+            "name each resource as an extended resource, such as power-dev-plugin/lun",
+        ),
+        (
+            entry(name=None),
+            "field 'resources[0].name': is a JSON null; "
+            'write it as a string such as "power-dev-plugin/lun"',
+        ),
+        (
+            entry(name=True),
+            "field 'resources[0].name': is a JSON boolean; "
+            'write it as a string such as "power-dev-plugin/lun"',
+        ),
+        (
+            entry(name=["a.io/x"]),
+            "field 'resources[0].name': is a JSON array; "
+            'write it as a string such as "power-dev-plugin/lun"',
+        ),
+        (
+            entry(name="nodomain"),
+            "field 'resources[0].name': 'nodomain': an extended resource name needs a domain "
+            "prefix, like vendor.example/dev; "
+            "name each resource as an extended resource, such as power-dev-plugin/lun",
+        ),
+        (
+            entry(name="a.io/x", socket=None),
+            "field 'resources[0].socket': is a JSON null; "
+            'write it as a string such as "lun.sock", or leave it out',
+        ),
+        (
+            entry(name="a.io/x", socket=False),
+            "field 'resources[0].socket': is a JSON boolean; "
+            'write it as a string such as "lun.sock", or leave it out',
+        ),
+        (
+            entry(name="a.io/x", socket=""),
+            "field 'resources[0].socket': '' is not a file name; "
+            "use a file name such as lun.sock, or leave it out",
+        ),
+    ],
+)
+def test_a_resources_name_and_socket(data, expected):
+    assert message(data) == f"{SOURCE}: {expected}"
+
+
+# One value of each JSON type, and the shapes that hold one inside a list or
+# an object: whatever field they land in, the message speaks JSON.
+ODD_VALUES = [None, True, False, 0, -1, 2.5, "", "x", [], [None], [True], {}, {"A": None}]
+PYTHON_WORDS = re.compile(r"\b(None|True|False)\b|\[\]|\{\}")
+
+
+@pytest.mark.parametrize("key", [*KNOWN_FIELDS, "name", "socket"])
+@pytest.mark.parametrize("value", ODD_VALUES, ids=json.dumps)
+def test_no_message_speaks_python(key, value):
+    flat = {key: value}
+    listed = entry(name="a.io/x", cdi=True)
+    listed["resources"][0][key] = value
+    for data in (flat, listed):
+        try:
+            config = parse_config(json.dumps(data), source=SOURCE)
+        except ConfigError as err:
+            said = [str(err)]
+        else:
+            said = list(config.warnings)
+        for line in said:
+            assert not PYTHON_WORDS.search(line), line
