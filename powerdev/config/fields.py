@@ -73,29 +73,41 @@ def _match_properties(entry: Entry, key: str) -> tuple[tuple[str, tuple[str, ...
     matched = []
     for name, value in table.items():
         where = f"{key}.{name}"
-        globs = [value] if isinstance(value, str) else value
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
             raise entry.error(
                 where,
                 "is not a udev property name",
                 "use names such as DM_UUID, ID_WWN, ID_SERIAL, ID_MODEL",
             )
-        if not isinstance(globs, list) or not globs or not all(isinstance(g, str) for g in globs):
-            raise entry.error(
-                where,
-                f"is a JSON {json_type(value)}",
-                'write a glob string, or a list of them, such as "mpath-*"',
-            )
-        for glob in globs:
-            problem = (
-                "it holds a NUL character"
-                if "\0" in glob
-                else glob_size_problem(glob) or gomatch.problem(glob)
-            )
-            if problem:
-                raise entry.error(where, f"{glob!r}: {problem}", "fix the glob")
-        matched.append((name, tuple(globs)))
+        matched.append((name, _property_globs(entry, where, value)))
     return tuple(sorted(matched))
+
+
+def _property_globs(entry: Entry, where: str, value: object) -> tuple[str, ...]:
+    """One udev property's globs: a string, or a list of at least one."""
+    if not isinstance(value, (str, list)) or value == []:
+        raise entry.error(
+            where,
+            "is empty" if value == [] else f"is a JSON {json_type(value)}",
+            'write a glob string, or a list of them, such as "mpath-*"',
+        )
+    globs = [value] if isinstance(value, str) else value
+    for i, glob in enumerate(globs):
+        element = f"{where}[{i}]" if isinstance(value, list) else where
+        if not isinstance(glob, str):
+            raise entry.error(
+                element,
+                f"is a JSON {json_type(glob)}",
+                'write each glob as a string, such as "mpath-*"',
+            )
+        problem = (
+            "it holds a NUL character"
+            if "\0" in glob
+            else glob_size_problem(glob) or gomatch.problem(glob)
+        )
+        if problem:
+            raise entry.error(element, f"{glob!r}: {problem}", "fix the glob")
+    return tuple(globs)
 
 
 def _id_number(entry: Entry, key: str) -> int:

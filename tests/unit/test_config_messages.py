@@ -93,3 +93,45 @@ def test_no_message_speaks_python(key, value):
             said = list(config.warnings)
         for line in said:
             assert not PYTHON_WORDS.search(line), line
+
+
+@pytest.mark.parametrize(
+    ("properties", "expected"),
+    [
+        (
+            {"ID_SERIAL": [None]},
+            "field 'match-properties.ID_SERIAL[0]': is a JSON null; "
+            'write each glob as a string, such as "mpath-*"',
+        ),
+        (
+            {"ID_SERIAL": ["3600*", 3]},
+            "field 'match-properties.ID_SERIAL[1]': is a JSON number; "
+            'write each glob as a string, such as "mpath-*"',
+        ),
+        (
+            {"ID_SERIAL": []},
+            "field 'match-properties.ID_SERIAL': is empty; "
+            'write a glob string, or a list of them, such as "mpath-*"',
+        ),
+        (
+            {"ID_SERIAL": None},
+            "field 'match-properties.ID_SERIAL': is a JSON null; "
+            'write a glob string, or a list of them, such as "mpath-*"',
+        ),
+        (
+            {"ID_SERIAL": ["3600*", "[x"]},
+            "field 'match-properties.ID_SERIAL[1]': '[x': a '[' is never closed; fix the glob",
+        ),
+        (
+            {"ID_SERIAL": "[x"},
+            "field 'match-properties.ID_SERIAL': '[x': a '[' is never closed; fix the glob",
+        ),
+    ],
+)
+def test_a_match_property_names_the_glob_at_fault(properties, expected):
+    assert message({"match-properties": properties}) == f"{SOURCE}: {expected}"
+
+
+def test_an_empty_glob_still_matches_an_empty_property():
+    config = parse_config('{"match-properties": {"ID_PART": ""}}', source=SOURCE)
+    assert config.resources[0].match_properties == (("ID_PART", ("",)),)
