@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from powerdev.config.schema import (
@@ -28,6 +28,7 @@ from powerdev.config.values import (
     glob_size_problem,
     json_type,
     normalize_permissions,
+    outside_dev,
     parse_duration,
     pattern_problem,
 )
@@ -41,9 +42,14 @@ class Entry:
     data: dict[str, object]
     source: str
     prefix: str  # how messages name the object: "resources[1]." or "" (the flat form)
+    warnings: list[str] = field(default_factory=list)
 
     def error(self, key: str, problem: str, fix: str) -> ConfigError:
         return ConfigError(self.source, self.prefix + key, problem, fix)
+
+    def warn(self, key: str, problem: str, fix: str) -> None:
+        """A mistake that does no harm: said the way an error would be."""
+        self.warnings.append(str(ConfigError(self.source, self.prefix + key, problem, fix)))
 
     def want(self, key: str, kind: type | tuple[type, ...], example: str) -> Any:
         """The field's value if its JSON type is right (a boolean is no number)."""
@@ -140,6 +146,9 @@ def _permissions(entry: Entry, key: str) -> str | None:
         ) from None
 
 
+_FIX_PATTERN = "fix or remove the pattern"
+
+
 def _patterns(entry: Entry, key: str) -> tuple[str, ...]:
     items = entry.want(key, list, '["/dev/dm-*", "/dev/mapper/*"]')
     patterns = []
@@ -155,7 +164,10 @@ def _patterns(entry: Entry, key: str) -> tuple[str, ...]:
             continue  # the seed drops empty entries too
         problem = pattern_problem(item.strip(), include=key == "include-devices")
         if problem:
-            raise entry.error(where, f"{item!r}: {problem}", "fix or remove the pattern")
+            raise entry.error(where, f"{item!r}: {problem}", _FIX_PATTERN)
+        useless = outside_dev(item.strip())  # only an exclude pattern gets here with one
+        if useless:
+            entry.warn(where, f"{item!r}: {useless}, so it excludes nothing", _FIX_PATTERN)
         patterns.append(item.strip())
     return tuple(dict.fromkeys(patterns))
 
@@ -254,7 +266,7 @@ def resource_fields(
     res |= _read(entry, CDI_FIELDS)
     _check_cdi_only(entry, res)
     res |= _read(entry, FIELDS_AFTER_CDI)
-    warnings = _unknown_fields(entry)
+    warnings = (*entry.warnings, *_unknown_fields(entry))
     _check_mode(entry, res)
     return res, warnings
 

@@ -109,10 +109,21 @@ def pattern_problem(pattern: str, *, include: bool = True) -> str | None:
     problem = gomatch.problem(pattern)
     if problem:
         return f"not a valid Go glob pattern: {problem}"
+    return outside_dev(pattern) if include else None
+
+
+def outside_dev(pattern: str) -> str | None:
+    """Why an absolute pattern can never match a device node, or None."""
     # Go's Glob walks ".." like any name: /dev/../etc/* is /etc/*.
-    if include and not posixpath.normpath(pattern).startswith("/dev/"):
-        return "it can never match: device nodes live under /dev"
-    return None
+    resolved = posixpath.normpath(pattern)
+    if resolved.startswith("/dev/"):
+        return None
+    if ".." in pattern.split("/"):
+        return f"it is {resolved} once '..' is resolved, and can never match: " + _UNDER_DEV
+    return "it can never match: " + _UNDER_DEV
+
+
+_UNDER_DEV = "device nodes live under /dev"
 
 
 def socket_problem(name: object) -> str | None:

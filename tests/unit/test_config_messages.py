@@ -135,3 +135,63 @@ def test_a_match_property_names_the_glob_at_fault(properties, expected):
 def test_an_empty_glob_still_matches_an_empty_property():
     config = parse_config('{"match-properties": {"ID_PART": ""}}', source=SOURCE)
     assert config.resources[0].match_properties == (("ID_PART", ("",)),)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        (
+            "/dev/../etc/*",
+            "field 'include-devices[0]': '/dev/../etc/*': it is /etc/* once '..' is resolved, "
+            "and can never match: device nodes live under /dev; fix or remove the pattern",
+        ),
+        (
+            "/dev/disk/../../sys/*",
+            "field 'include-devices[0]': '/dev/disk/../../sys/*': it is /sys/* once '..' is "
+            "resolved, and can never match: device nodes live under /dev; "
+            "fix or remove the pattern",
+        ),
+        (
+            "/sys/block/*",
+            "field 'include-devices[0]': '/sys/block/*': it can never match: "
+            "device nodes live under /dev; fix or remove the pattern",
+        ),
+    ],
+)
+def test_an_include_pattern_outside_dev_says_where_it_points(pattern, expected):
+    assert message({"include-devices": [pattern]}) == f"{SOURCE}: {expected}"
+
+
+def test_an_include_pattern_that_stays_under_dev_is_taken():
+    config = parse_config('{"include-devices": ["/dev/mapper/../dm-*"]}', source=SOURCE)
+    assert config.resources[0].include == ("/dev/mapper/../dm-*",)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        (
+            "/dev/../etc/*",
+            "field 'exclude-devices[0]': '/dev/../etc/*': it is /etc/* once '..' is resolved, "
+            "and can never match: device nodes live under /dev, so it excludes nothing; "
+            "fix or remove the pattern",
+        ),
+        (
+            "/etc/*",
+            "field 'exclude-devices[0]': '/etc/*': it can never match: "
+            "device nodes live under /dev, so it excludes nothing; fix or remove the pattern",
+        ),
+    ],
+)
+def test_an_exclude_pattern_outside_dev_is_a_warning(pattern, expected):
+    """Harmless, so the config stands; useless, so the operator hears of it."""
+    config = parse_config(json.dumps({"exclude-devices": [pattern]}), source=SOURCE)
+    assert config.resources[0].exclude == (pattern,)
+    assert config.warnings == (f"{SOURCE}: {expected}",)
+
+
+def test_pattern_warnings_come_before_unknown_fields_and_name_the_resource():
+    data = entry(name="a.io/x", exclude_devices=["/dev/sd*", "/etc/*"], debug=1)
+    first, second = parse_config(json.dumps(data), source=SOURCE).warnings
+    assert first.startswith(f"{SOURCE}: field 'resources[0].exclude-devices[1]': '/etc/*': ")
+    assert second.startswith(f"{SOURCE}: field 'resources[0].debug' is not known")
