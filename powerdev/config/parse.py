@@ -10,6 +10,7 @@ with a warning that says what they advertise.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -154,9 +155,13 @@ def _json_object(text: str, source: str) -> dict[str, object]:
         raise ConfigError(
             source, None, "nests arrays or objects too deeply", "write a flat JSON object"
         ) from None
-    except ValueError as err:  # say, a number of more digits than Python reads
+    except ValueError as err:  # a number of more digits than Python reads
+        # Python's own words end "use sys.set_int_max_str_digits()", a fix for
+        # a programmer: say what is wrong with the file instead.
+        digits = sys.get_int_max_str_digits()
+        why = f"a number has more than {digits} digits" if "digits" in str(err) else str(err)
         raise ConfigError(
-            source, None, f"cannot be read as JSON ({err})", "fix the value"
+            source, None, f"cannot be read as JSON ({why})", "fix the value"
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(
@@ -210,9 +215,6 @@ def _resource_list(data: dict[str, object], source: str) -> list[object]:
     return entries
 
 
-_NAME_FIX = "name each resource as an extended resource, such as power-dev-plugin/lun"
-
-
 def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple[str, ...]]:
     """Entry i of the "resources" list, and the warnings about it."""
     prefix = f"resources[{i}]."
@@ -223,6 +225,18 @@ def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple
             f"is a JSON {json_type(entry)}",
             'write each resource as an object with a "name"',
         )
+    name = _entry_name(entry, source, prefix)
+    socket = _entry_socket(entry, source, prefix, name)
+    res, warnings = resource_fields(entry, source, prefix)
+    resource = ResourceConfig(name=name, socket=socket, **res)  # type: ignore[arg-type]
+    _check_cdi(resource, source, prefix + "name")
+    return resource, warnings
+
+
+_NAME_FIX = "name each resource as an extended resource, such as power-dev-plugin/lun"
+
+
+def _entry_name(entry: dict[str, object], source: str, prefix: str) -> str:
     if "name" not in entry:
         raise ConfigError(source, prefix + "name", "is missing", _NAME_FIX)
     name = entry["name"]
@@ -236,6 +250,11 @@ def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple
     problem = resource_name_problem(name)
     if problem:
         raise ConfigError(source, prefix + "name", f"{name!r}: {problem}", _NAME_FIX)
+    return name
+
+
+def _entry_socket(entry: dict[str, object], source: str, prefix: str, name: str) -> str:
+    """The entry's socket file name; by default, one made of its name."""
     socket = entry.get("socket", default_socket(name))
     if not isinstance(socket, str):
         raise ConfigError(
@@ -252,10 +271,7 @@ def _resource(entry: object, source: str, i: int) -> tuple[ResourceConfig, tuple
             f"{socket!r} {problem}",
             "use a file name such as lun.sock, or leave it out",
         )
-    res, warnings = resource_fields(entry, source, prefix)
-    resource = ResourceConfig(name=name, socket=socket, **res)  # type: ignore[arg-type]
-    _check_cdi(resource, source, prefix + "name")
-    return resource, warnings
+    return socket
 
 
 def _check_cdi(resource: ResourceConfig, source: str, where: str) -> None:

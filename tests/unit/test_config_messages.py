@@ -3,6 +3,7 @@ the fix, in JSON's words (null, true, an array), never Python's."""
 
 import json
 import re
+import sys
 
 import pytest
 
@@ -195,3 +196,12 @@ def test_pattern_warnings_come_before_unknown_fields_and_name_the_resource():
     first, second = parse_config(json.dumps(data), source=SOURCE).warnings
     assert first.startswith(f"{SOURCE}: field 'resources[0].exclude-devices[1]': '/etc/*': ")
     assert second.startswith(f"{SOURCE}: field 'resources[0].debug' is not known")
+
+
+def test_a_number_too_long_to_read_is_said_without_python_advice():
+    with pytest.raises(ConfigError) as err:
+        parse_config('{"upper-limit": ' + "9" * 5000 + "}", source=SOURCE)
+    assert str(err.value) == (
+        f"{SOURCE}: cannot be read as JSON (a number has more than "
+        f"{sys.get_int_max_str_digits()} digits); fix the value"
+    )
