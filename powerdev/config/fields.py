@@ -1,10 +1,11 @@
 """One resource's JSON object -> the ResourceConfig fields it sets.
 
 A table names each field, the attribute it sets and the function that reads
-it; each reader checks one field (or one group, CDI's) and raises a
-ConfigError that names the file, the field and the fix. parse.py calls
-resource_fields() for the seed's flat object and for each entry of
-"resources". Imports schema.py and values.py (the one-value checks).
+it; each reader checks one field (CDI's four are also checked as a group)
+and raises a ConfigError that names the file, the field and the fix, or
+notes a warning for a harmless mistake. parse.py calls resource_fields()
+for the seed's flat object and for each entry of "resources". Imports
+schema.py, values.py (the one-value checks) and devices/gomatch.py.
 """
 
 from __future__ import annotations
