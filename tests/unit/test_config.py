@@ -7,12 +7,14 @@ from powerdev.config import (
     DEFAULT_SOCKET_NAME,
     KNOWN_FIELDS,
     ConfigError,
+    ResourceConfig,
     load_config,
     normalize_permissions,
     parse_config,
     parse_duration,
     resource_name_problem,
 )
+from powerdev.config.fields import CDI_FIELDS, FIELDS_AFTER_CDI, FIELDS_BEFORE_CDI
 
 
 def only(text: str):
@@ -224,3 +226,11 @@ def test_the_loaded_bytes_are_kept_for_reload_comparison(tmp_path):
     path.write_bytes(b'{"permissions": "r"}')
     assert load_config(path).raw == b'{"permissions": "r"}'
     assert load_config(tmp_path / "absent.json").raw is None
+
+
+def test_every_known_field_has_one_reader():
+    tables = (FIELDS_BEFORE_CDI, CDI_FIELDS, FIELDS_AFTER_CDI)
+    read = [key for table in tables for key, _, _ in table]
+    assert sorted(read) == sorted(KNOWN_FIELDS)
+    attributes = {attr for table in tables for _, attr, _ in table}
+    assert attributes <= set(ResourceConfig.__dataclass_fields__)
