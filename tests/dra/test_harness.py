@@ -231,6 +231,16 @@ async def test_a_scheduled_claim_is_prepared_and_unprepared_through_the_driver(
             (held,) = (await node.harness.checkpoint())["data"]["ClaimInfoStateList"]
             assert held["ClaimUID"] == claim["metadata"]["uid"]
             assert held["PodUIDs"] == {bound["metadata"]["uid"]: {}}
+            # The tiny driver serves no health stream (DRAResourceHealth): Unknown.
+            health = await node.harness.call("health", f"{node.namespace}/p1")
+            assert health["containers"] == {
+                "c0": [
+                    {
+                        "name": "claim:dev",
+                        "resources": [{"resourceID": CDI_ID, "health": "Unknown"}],
+                    }
+                ]
+            }
 
             await node.end_pod("p1")
             await node.harness.unprepare(node.namespace, "p1")
