@@ -1,8 +1,10 @@
 """Regenerate powerdev/_proto from the .proto files in protos/.
 
-Two outputs from the same .proto: betterproto's classes and grpclib service
-bases (powerdev/_proto/v1beta1/), and protobuf's own module
-(powerdev/_proto/api_pb2.py), whose C (upb) encoder builds the large replies.
+Two outputs from each .proto: betterproto's classes and grpclib service
+bases, in a package named after the proto package (powerdev/_proto/v1beta1/,
+powerdev/_proto/k8s/io/kubelet/pkg/apis/dra/v1/), and protobuf's own module,
+named after the file (powerdev/_proto/api_pb2.py), whose C (upb) encoder
+builds the large replies. So no two .proto files may have the same name.
 
     python protos/generate.py           write the generated code
     python protos/generate.py --check   exit 1 when the committed code is stale
@@ -27,8 +29,14 @@ SOURCES = sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto
 
 
 def generate(dest: Path) -> None:
-    (dest / "pb").mkdir(parents=True, exist_ok=True)
     """Run protoc with the betterproto plugin and protobuf's Python output."""
+    names = [Path(source).name for source in SOURCES]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        sys.exit(
+            f"two .proto files named {', '.join(twice)} under {PROTOS}: "
+            "their _pb2 modules would overwrite each other; rename one"
+        )
+    (dest / "pb").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(

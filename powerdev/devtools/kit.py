@@ -1,12 +1,12 @@
 """Where tests and the bench find the conformance kit's binaries.
 
 `bash conformance/build` builds the kit (the kubelet's device manager
-harness, the CDI library's checker, a one-node control plane, kubectl, and
-actionlint for the workflows) from Go modules into conformance/bin/ of this
-checkout. Each binary may
-instead be named by its environment variable; a variable that is set is the
-only place looked at, so that a wrong path is reported rather than hidden by
-an older build. Nothing in the daemon uses the kit.
+harness, its DRA manager harness, the CDI library's checker, a one-node
+control plane, kubectl, and actionlint for the workflows) from Go modules
+into conformance/bin/ of this checkout. Each binary may instead be named by
+its environment variable; a variable that is set is the only place looked
+at, so that a wrong path is reported rather than hidden by an older build.
+Nothing in the daemon uses the kit.
 """
 
 from __future__ import annotations
@@ -49,11 +49,15 @@ class KitBinary:
 
 
 DMHARNESS = KitBinary("dmharness", "POWERDEV_DMHARNESS", "the kubelet's device manager harness")
+DRAHARNESS = KitBinary(
+    "draharness", "POWERDEV_DRAHARNESS", "the kubelet's DRA manager and plugin manager harness"
+)
 CDICHECK = KitBinary("cdicheck", "POWERDEV_CDICHECK", "the CDI library's checker")
 TOOLS = {
     tool.name: tool
     for tool in (
         DMHARNESS,
+        DRAHARNESS,
         CDICHECK,
         KitBinary("etcd", "POWERDEV_ETCD", "etcd"),
         KitBinary("kube-apiserver", "POWERDEV_KUBE_APISERVER", "kube-apiserver"),
