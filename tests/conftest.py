@@ -269,3 +269,14 @@ def with_udev_database(command: list[str], udev_run: Path) -> list[str]:
         str(udev_run),
         *command,
     ]
+
+
+# The control plane's fixtures and the hook that skips their tests without
+# the kit: defined once (tests/e2e and tests/dra share one control plane).
+from tests.controlplane_fixtures import (  # noqa: E402
+    api,
+    control_plane,
+    pytest_collection_modifyitems,
+)
+
+__all__ = ["api", "control_plane", "pytest_collection_modifyitems"]

@@ -1,6 +1,6 @@
-"""Fixtures of the DRA harness tests: the kit's draharness, and the
-end-to-end tests' control plane and API client (imported from
-tests/e2e/conftest.py, not copied). Without the kit the tests skip with one
+"""Fixtures of the DRA harness tests: the kit's draharness (the control
+plane and its API client come from tests/controlplane_fixtures.py, through
+tests/conftest.py). Without the kit the tests skip with one
 line that names what is missing and the build command; with CI=true they
 fail instead."""
 
@@ -12,9 +12,8 @@ import pytest
 
 from powerdev.devtools import kit
 from tests.conftest import require_tool
-from tests.e2e.conftest import api, control_plane
 
-__all__ = ["api", "control_plane", "draharness"]
+__all__ = ["draharness"]
 
 
 @pytest.fixture

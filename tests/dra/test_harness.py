@@ -273,12 +273,13 @@ async def test_after_a_kubelet_restart_a_prepared_claim_still_resolves(
             assert slices["items"] == []
             await node.harness.wait_driver(node.driver.name)
             assert len(node.driver.of("get_info")) == 2  # found anew by the new plugin manager
-            # kubernetes#140471: v1.36.3 appends the second answer to the
-            # devices restored from the checkpoint, so the container gets
-            # the ID twice (fixed upstream by #140274, picked for 1.36 as
-            # #140955, after this release). When the kit moves to a release
-            # with the fix, this becomes [CDI_ID].
-            assert await node.harness.prepare(node.namespace, "p1") == {"c0": [CDI_ID, CDI_ID]}
+            # What the driver answers is the claim's own ID and nothing else.
+            # (v1.36.3 appends that answer to the IDs restored from the
+            # checkpoint, kubernetes#140471, fixed upstream after this
+            # release: the same name may come twice, which a runtime
+            # resolves once. Neither count is asserted here.)
+            again = await node.harness.prepare(node.namespace, "p1")
+            assert again.keys() == {"c0"} and set(again["c0"]) == {CDI_ID}
             assert len(node.driver.of("prepare")) == 2
             await node.end_pod("p1")
             await node.harness.unprepare(node.namespace, "p1")

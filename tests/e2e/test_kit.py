@@ -7,8 +7,8 @@ import pytest
 import trio
 
 from powerdev.devtools import kit
+from tests.controlplane_fixtures import NEEDED, require_tools
 from tests.e2e import controlplane
-from tests.e2e.conftest import NEEDED, require_tools
 
 
 def executable(path):

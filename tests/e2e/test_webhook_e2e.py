@@ -40,7 +40,7 @@ import yaml
 
 from powerdev.devtools.kit import ROOT
 from tests.conftest import wait_for_file
-from tests.e2e.conftest import LOOPBACK_NAMES
+from tests.controlplane_fixtures import LOOPBACK_NAMES
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubeapi import Api, container, pod
 from tests.e2e.relay import Relay

@@ -1,5 +1,7 @@
-"""The end-to-end tests' fixtures: one control plane for the whole session
-(controlplane.py; its start is paid once), and an API client for each test.
+"""The control plane's fixtures, for every test that needs the API server
+(tests/e2e, tests/dra): one control plane for the whole session (its start
+is paid once), and an API client for each test. tests/conftest.py imports
+them, so that pytest knows them once, from one place.
 
 Without the kit the tests skip, with one line that names what is missing and
 the command that builds it; when CI is "true" they fail instead, so that CI
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from powerdev.devtools import kit
-from tests.conftest import require
+from tests import conftest
 from tests.e2e import controlplane
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubeapi import Api
@@ -34,7 +36,7 @@ def require_tools(names: tuple[str, ...], env: dict[str, str] | None = None) -> 
     found = kit.find_all(names, env)
     missing = [name for name in names if name not in found]
     if missing:
-        require(None, kit.missing_message(missing, env), env)
+        conftest.require(None, kit.missing_message(missing, env), env)
     return found
 
 
