@@ -217,7 +217,9 @@ def _descriptors(pid: int) -> int:
 
 
 async def _probes_while_held(pid, port, plan, figures, say) -> None:
-    """Probe wall times while plan.held idle connections are kept open."""
+    """Probe wall times while plan.held idle connections are kept open. The
+    descriptors added are counted against a baseline that may still hold one
+    connection of the steps before, closing: give or take one."""
     rss, descriptors = rss_kib(pid) or 0, _descriptors(pid)
     held: list[trio.SocketStream] = []
     try:

@@ -93,4 +93,6 @@ def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
     assert report["GET /metrics"]["bytes"] > 0
     assert "average over the DaemonSet's periods" in done.stdout
     held = report["httpGet /healthz with 200 idle connections held"]
-    assert held["max_ms"] > 0 and held["daemon_descriptors_added"] >= 200
+    # One connection of the steps before may still be closing when the
+    # baseline is counted (the daemon closes it after its answer's end).
+    assert held["max_ms"] > 0 and held["daemon_descriptors_added"] >= 200 - 1
