@@ -13,20 +13,25 @@ from functools import partial
 from pathlib import Path
 
 from powerdev.config import Config, ConfigError, load_config, socket_path_problem
+from powerdev.devices.udevdb import Pyudev, UdevDatabase
 
 BAD_CONFIG, CANNOT_START = 2, 1
 
 
-def load_checked(args: argparse.Namespace) -> Config:
+def load_checked(
+    args: argparse.Namespace, udev: UdevDatabase, plugin_dir: Path | None
+) -> Config:
     """The config `run` and `scan` both check, in the same steps: the file,
-    then one device to one resource (ConfigError for either)."""
-    from powerdev.devices.udevdb import Pyudev
+    the socket paths it makes in plugin_dir (`local` has its own temp one),
+    then one device to one resource (ConfigError for any)."""
     from powerdev.resources import ownership
 
     config = load_config(
         args.config, resource_name=args.resource_name, socket_name=args.socket_name
     )
-    ownership.check_devices(config, args.dev_root, args.sys_root, Pyudev())
+    if plugin_dir is not None:
+        _check_socket_paths(plugin_dir, config)
+    ownership.check_devices(config, args.dev_root, args.sys_root, udev)
     return config
 
 
@@ -37,14 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
     from powerdev.daemon import supervisor
     from powerdev.daemon.settings import Settings
-    from powerdev.devices.udevdb import Pyudev
     from powerdev.devtools import stepwatch
     from powerdev.ops import opsserver
 
     os.umask(0o077)  # our sockets are for the kubelet (root) only
+    udev = Pyudev()
     try:
-        config = load_checked(args)
-        _check_socket_paths(args.plugin_dir, config)
+        config = load_checked(args, udev, args.plugin_dir)
         port = opsserver.listen(args.metrics_address) if args.metrics_address else None
     except ConfigError as err:
         return _say("bad config", err, BAD_CONFIG)
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         cdi_spec_dir=args.cdi_spec_dir,
         pod_resources_socket=args.pod_resources_socket,
         cdi_recheck_interval=args.cdi_recheck_interval,
-        udev=Pyudev(),
+        udev=udev,
         resource_name=args.resource_name,
         socket_name=args.socket_name,
         metrics_socket=port,
@@ -100,7 +104,7 @@ def local(args: argparse.Namespace) -> int:
                 raise ConfigError(
                     str(args.config), None, "does not exist", "give the path of a config.json"
                 )
-            load_checked(args)
+            load_checked(args, Pyudev(), None)
         except ConfigError as err:
             return _say("bad config", err, BAD_CONFIG)
     trio.run(
@@ -122,15 +126,15 @@ def scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: the config checked as `run` checks it, every warning
     `run` would give at start, then the report. Exit 0, or 2 for a bad config."""
     from powerdev.devices.inuse import HostUseGuard
-    from powerdev.devices.udevdb import Pyudev
     from powerdev.ops import scan as scanning
 
+    udev = Pyudev()
     try:
-        config = load_checked(args)
+        config = load_checked(args, udev, args.plugin_dir)
     except ConfigError as err:
         return _say("bad config", err, BAD_CONFIG)
     guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
-    reports = scanning.scan(config, args.dev_root, args.sys_root, Pyudev(), guard)
+    reports = scanning.scan(config, args.dev_root, args.sys_root, udev, guard)
     for warning in scanning.warnings(config, reports, args.dev_root, args.sys_root):
         print(f"powerdev: warning: {warning}", file=sys.stderr)
     print(scanning.as_json(reports) if args.json else scanning.as_text(reports))

@@ -38,13 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(sub: argparse._SubParsersAction) -> None:
     """`powerdev run`: the daemon, as the DaemonSet runs it."""
     run = sub.add_parser("run", help="run the device plugin daemon (what the DaemonSet runs)")
-    run.add_argument(
-        "--plugin-dir",
-        type=Path,
-        default=Path(env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
-        help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
-        f"default {DEFAULT_PLUGIN_DIR}]",
-    )
+    _plugin_dir(run)
     run.add_argument(
         "--config",
         type=Path,
@@ -129,6 +123,7 @@ def _scan(sub: argparse._SubParsersAction) -> None:
         help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     scan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _plugin_dir(scan)
     _common(scan)
     _host_views(scan)
 
@@ -236,4 +231,15 @@ def _host_views(p: argparse.ArgumentParser) -> None:
         default=Path(env("HOST_MOUNTINFO", "/proc/self/mountinfo")),
         help="the host's mount table, to keep devices the host uses out, e.g. "
         "/host/proc/1/mountinfo [env POWERDEV_HOST_MOUNTINFO; default /proc/self/mountinfo]",
+    )
+
+
+def _plugin_dir(p: argparse.ArgumentParser) -> None:
+    """Where the sockets go: run serves there, scan checks their paths fit."""
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path(env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
+        help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
+        f"default {DEFAULT_PLUGIN_DIR}]",
     )

@@ -234,3 +234,28 @@ def scan_file(tmp_path, path):
         timeout=60,
         check=False,
     )
+
+
+def test_scan_refuses_what_run_refuses_with_the_same_line_and_exit_code(tmp_path):
+    """A socket name too long for the plugin directory: both exit 2 with the
+    same one line, since both check the same steps in the same order."""
+    make_dev_tree(tmp_path / "dev", ["acc0"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"resources": [{"name": "a.io/x", "socket": "s" * 95 + ".sock"}]}))
+    plugin_dir = tmp_path / "device-plugins"
+    common = ["--config", str(path), "--dev-root", str(tmp_path / "dev"), "--sys-root",
+              str(tmp_path / "sys"), "--plugin-dir", str(plugin_dir)]  # fmt: skip
+    said = {}
+    for command in ("scan", "run"):
+        done = subprocess.run(
+            [sys.executable, "-m", "powerdev", command, *common],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        said[command] = (done.returncode, done.stderr)
+    assert said["scan"] == said["run"]
+    code, line = said["scan"]
+    assert code == 2 and line.count("\n") == 1
+    assert "over the 107" in line, line
