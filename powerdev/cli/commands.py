@@ -18,9 +18,7 @@ from powerdev.devices.udevdb import Pyudev, UdevDatabase
 BAD_CONFIG, CANNOT_START = 2, 1
 
 
-def load_checked(
-    args: argparse.Namespace, udev: UdevDatabase, plugin_dir: Path | None
-) -> Config:
+def load_checked(args: argparse.Namespace, udev: UdevDatabase, plugin_dir: Path | None) -> Config:
     """The config `run` and `scan` both check, in the same steps: the file,
     the socket paths it makes in plugin_dir (`local` has its own temp one),
     then one device to one resource (ConfigError for any)."""

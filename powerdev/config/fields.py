@@ -10,6 +10,7 @@ schema.py, values.py (the one-value checks) and devices/gomatch.py.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,7 +170,17 @@ def _patterns(entry: Entry, key: str) -> tuple[str, ...]:
         useless = outside_dev(item.strip())  # only an exclude pattern gets here with one
         if useless:
             entry.warn(where, f"{item!r}: {useless}, so it excludes nothing", _FIX_PATTERN)
-        patterns.append(item.strip())
+            patterns.append(item.strip())
+            continue
+        pattern = posixpath.normpath(item.strip())
+        if pattern != item.strip():  # '.', '..' or '//': matched, and shown, resolved
+            entry.warn(
+                where,
+                f"{item!r} is read as {pattern!r} ('.' and '..' resolved, '//' made '/'): "
+                "a device is named by its path without them",
+                "write the pattern that way",
+            )
+        patterns.append(pattern)
     return tuple(dict.fromkeys(patterns))
 
 

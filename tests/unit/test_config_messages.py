@@ -163,9 +163,22 @@ def test_an_include_pattern_outside_dev_says_where_it_points(pattern, expected):
     assert message({"include-devices": [pattern]}) == f"{SOURCE}: {expected}"
 
 
-def test_an_include_pattern_that_stays_under_dev_is_taken():
-    config = parse_config('{"include-devices": ["/dev/mapper/../dm-*"]}', source=SOURCE)
-    assert config.resources[0].include == ("/dev/mapper/../dm-*",)
+@pytest.mark.parametrize("key", ["include-devices", "exclude-devices"])
+def test_a_pattern_that_stays_under_dev_is_taken_resolved_and_said_so(key):
+    """A device is named by its resolved path (its ID, its path in the
+    container), so a pattern is matched resolved: an exclude pattern written
+    with '..' excludes what it names."""
+    config = parse_config(f'{{"{key}": ["/dev/mapper/../dm-*", "/dev//sd*"]}}', source=SOURCE)
+    field = "include" if key == "include-devices" else "exclude"
+    assert getattr(config.resources[0], field) == ("/dev/dm-*", "/dev/sd*")
+    assert config.warnings == (
+        f"{SOURCE}: field '{key}[0]': '/dev/mapper/../dm-*' is read as '/dev/dm-*' ('.' and "
+        "'..' resolved, '//' made '/'): a device is named by its path without them; "
+        "write the pattern that way",
+        f"{SOURCE}: field '{key}[1]': '/dev//sd*' is read as '/dev/sd*' ('.' and "
+        "'..' resolved, '//' made '/'): a device is named by its path without them; "
+        "write the pattern that way",
+    )
 
 
 @pytest.mark.parametrize(
