@@ -31,7 +31,7 @@ from powerdev.config import (
     socket_path_problem,
 )
 from powerdev.config.watch import ConfigWatch
-from powerdev.ops import metrics
+from powerdev.ops import metrics, oplog
 from powerdev.resources.ownership import check_devices
 from powerdev.resources.plugin import Plugin
 from powerdev.support.inotify import Inotify
@@ -192,12 +192,7 @@ class Reloader:
 
     async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
         old = plugin.resource
-        changes = ", ".join(
-            f"{name} {getattr(old, name)!r} -> {getattr(resource, name)!r}"
-            for name in resource.__dataclass_fields__
-            if getattr(old, name) != getattr(resource, name)
-        )
-        log.info("%s: config applied: %s", resource.name, changes)
+        log.info("%s: config applied: %s", resource.name, oplog.describe_changes(old, resource))
         metrics.rescan(resource.name, "config")
         await self.running.reconfigure(plugin, resource)
         # What is advertised or granted for the same devices may have changed

@@ -96,6 +96,30 @@ CONFIG_NAMES = {  # ResourceConfig field -> its name in config.json
 }
 
 
+def setting_name(field_name: str) -> str:
+    """A ResourceConfig field's name in config.json."""
+    return CONFIG_NAMES.get(field_name, field_name.replace("_", "-"))
+
+
+def setting_value(field_name: str, value: Any) -> str:
+    """A setting's value as an operator writes it in config.json terms."""
+    if value is None:
+        return "unset"
+    if field_name == "device_mode":
+        return f"{value:04o}"
+    if field_name == "match_properties":
+        return "{" + ", ".join(f"{k}: {'|'.join(g)}" for k, g in value) + "}"
+    if field_name == "upper_limit" and value == 0:
+        return "0 (one unit per device)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}s" if "interval" in field_name else str(int(value))
+    return str(value)
+
+
 def describe_resource(resource: Any) -> str:
     """Every setting of a resource (a dataclass), by its config.json name."""
     shown = []
@@ -105,20 +129,19 @@ def describe_resource(resource: Any) -> str:
         value = getattr(resource, item.name)
         if value is None or (item.name == "match_properties" and not value):
             continue  # not set: nothing to say (device-uid, device-gid, ...)
-        if item.name == "device_mode":
-            value = f"{value:04o}"
-        elif item.name == "match_properties":
-            value = "{" + ", ".join(f"{k}: {'|'.join(g)}" for k, g in value) + "}"
-        elif item.name == "upper_limit" and value == 0:
-            value = "0 (one unit per device)"
-        elif isinstance(value, bool):
-            value = str(value).lower()
-        elif isinstance(value, tuple):
-            value = "[" + ", ".join(map(str, value)) + "]"
-        elif isinstance(value, float) and value.is_integer():
-            value = f"{int(value)}s" if "interval" in item.name else int(value)
-        shown.append(f"{CONFIG_NAMES.get(item.name, item.name.replace('_', '-'))} {value}")
+        shown.append(f"{setting_name(item.name)} {setting_value(item.name, value)}")
     return ", ".join(shown)
+
+
+def describe_changes(old: Any, new: Any) -> str:
+    """The settings that differ between two configs of a resource, in
+    config.json words: `permissions rw -> r, device-uid unset -> 0`."""
+    return ", ".join(
+        f"{setting_name(item.name)} {setting_value(item.name, getattr(old, item.name))} -> "
+        f"{setting_value(item.name, getattr(new, item.name))}"
+        for item in fields(new)
+        if getattr(old, item.name) != getattr(new, item.name)
+    )
 
 
 EVENT_SOURCES = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from powerdev.config import load_config, parse_config
+from powerdev.config import ResourceConfig, load_config, parse_config
 from powerdev.daemon.settings import Settings
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
@@ -120,7 +120,6 @@ def test_refusals_are_logged_in_a_burst_then_one_per_period_with_a_count():
 
 
 def test_a_refusal_reason_comes_from_the_advertised_ids():
-    from powerdev.config import ResourceConfig
 
     inventory = Inventory(
         [Device("sda", "/dev/sda", "b", 8, 0), Device("sdb", "/dev/sdb", "b", 8, 16, False)]
@@ -175,3 +174,20 @@ def test_json_logs_are_one_object_per_line_even_with_newlines_and_tracebacks():
     assert entry["level"] == "WARNING" and entry["logger"] == "powerdev.x"
     assert datetime.fromisoformat(entry["time"]).utcoffset() is not None
     assert "RuntimeError: boom" in entry["exception"]
+
+
+def test_a_reload_says_what_changed_in_config_json_words():
+    """Never Python's: no None, True, tuples or field names with underscores."""
+    old = ResourceConfig(include=("/dev/dm-*",))
+    new = ResourceConfig(
+        include=("/dev/dm-*", "/dev/sd*"),
+        nx_gzip=True,
+        device_uid=0,
+        match_properties=(("DM_UUID", ("mpath-*",)),),
+    )
+    said = oplog.describe_changes(old, new)
+    assert said == (
+        "nx-gzip false -> true, include-devices [/dev/dm-*] -> [/dev/dm-*, /dev/sd*], "
+        "device-uid unset -> 0, match-properties {} -> {DM_UUID: mpath-*}"
+    )
+    assert oplog.describe_changes(new, new) == ""
