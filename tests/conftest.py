@@ -69,6 +69,12 @@ def require_command(command: str, package: str) -> Path:
     )
 
 
+def host_safe(tmp_path: Path) -> dict[str, object]:
+    """Settings a test's daemon needs so that it never touches the host's CDI
+    specs (/var/run/cdi) or asks a real kubelet's PodResources API."""
+    return {"cdi_spec_dir": tmp_path / "cdi", "pod_resources_socket": None}
+
+
 def make_dev_tree(root: Path, names: list[str], target: str | None = None) -> Path:
     """A /dev stand-in with one device node per name: as root, distinct
     character devices made with mknod (testing.make_nodes); without root,
@@ -143,6 +149,7 @@ async def daemon_and_kubelet(
     kubelet = FakeKubelet(plugin_dir)
     kubelet.pods = kubelet_pods or {}  # what its PodResources API lists from the start
     settings.setdefault("pod_resources_socket", kubelet.pod_resources_socket)
+    settings.setdefault("cdi_spec_dir", tmp_path / "cdi")
     settings = Settings(
         plugin_dir=plugin_dir,
         dev_root=dev_root,

@@ -209,7 +209,13 @@ class Running:
         self._scopes[resource.name] = trio.CancelScope()
         self._watch()
         metrics.rescan(resource.name, "start")
-        await scan(plugin)
+        try:
+            await scan(plugin)
+        except Exception:
+            # Not added after all (a reload says "not applied"): nothing of
+            # it stays, and a spec it took back from retiring retires again.
+            self._drop(plugin, coming_back=False)
+            raise
         if not plugin.inventory.current.devices:
             _log_devices(plugin)
         return plugin
@@ -234,6 +240,11 @@ class Running:
         holds what it names."""
         name = plugin.resource.name
         log.info("%s: gone from the config: stopping it and removing its socket", name)
+        self._drop(plugin, coming_back=coming_back)
+        self.status.forget(name)
+
+    def _drop(self, plugin: Plugin, *, coming_back: bool) -> None:
+        name = plugin.resource.name
         self.plugins.remove(plugin)
         self.ledger.detach(name)
         scope = self._scopes.pop(name, None)
@@ -243,7 +254,6 @@ class Running:
         if writer is not None and not coming_back:
             self._retiring[name] = scope = trio.CancelScope()
             self._nursery.start_soon(self._retire_spec, writer, plugin.resource, scope)
-        self.status.forget(name)
         self._watch()
 
     async def rescan(self, plugin: Plugin) -> None:

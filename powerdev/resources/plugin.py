@@ -21,12 +21,14 @@ from powerdev.resources.tracker import Tracker
 
 class Plugin:
     """What a resource needs is given where it is built: its settings, its
-    inventory, and, in the daemon, the tracker that keeps the inventory in
-    step with the host, `refresh` (applies every device event the kernel
-    has queued, without waiting: Allocate calls it first, so a node removed
-    a moment ago is never granted) and `spec` (the CDI spec writer, awaited
-    before an Allocate answer is sent so that the file names what the
-    answer names). Unit tests leave the last three out."""
+        inventory, and, in the daemon, the tracker that keeps the inventory in
+        step with the host, `refresh` (applies every device event the kernel
+        has queued, without waiting: Allocate calls it first, so a node removed
+        a moment ago is never granted) and `spec` (the CDI spec writer, awaited
+        before an Allocate answer is sent so that the file names what the
+        answer names). Both are named where a Plugin is built, None included: a
+    Plugin without a spec writer cannot answer in CDI mode (it refuses to, so
+    that no answer names what no file defines)."""
 
     def __init__(
         self,
@@ -34,8 +36,8 @@ class Plugin:
         inventory: Inventory,
         tracker: Tracker | None = None,
         *,
-        refresh: Callable[[], None] | None = None,
-        spec: SpecWriter | None = None,
+        refresh: Callable[[], None] | None,
+        spec: SpecWriter | None,
     ) -> None:
         self._resource = resource
         self.inventory = inventory
@@ -55,7 +57,7 @@ class Plugin:
         if self._refresh is not None:
             self._refresh()
 
-    async def prepare(self) -> None:
+    async def ensure_spec(self) -> None:
         """Make the CDI spec name the current list (nothing without a writer)."""
         if self.spec is not None:
             await self.spec.ensure(self.resource, self.inventory.current)
@@ -111,6 +113,7 @@ class Plugin:
                     self.resource.name, None, (d for d in snapshot.devices if d.healthy)
                 )
             if self.resource.cdi:
+                self._need_spec()
                 self._grant = CdiGrant(cdi.qualified_names(self.resource, snapshot.devices))
             else:
                 self._grant = allocation.grant(snapshot.devices, self.resource.permissions)
@@ -126,9 +129,17 @@ class Plugin:
             for unit_id in dict.fromkeys(ids):
                 self.ledger.granted(self.resource.name, unit_id, self._by_unit.get(unit_id, ()))
         if self.resource.cdi:
+            self._need_spec()
             devices = tuple(d for i in dict.fromkeys(ids) for d in self._by_unit.get(i, ()))
             return CdiGrant(cdi.qualified_names(self.resource, devices))
         return allocation.grant_chosen(self._by_unit, ids, self.resource.permissions)
+
+    def _need_spec(self) -> None:
+        if self.spec is None:
+            raise RuntimeError(
+                f"{self.resource.name}: CDI names need a spec file: this Plugin was built "
+                "without a spec writer"
+            )
 
     @property
     def prefers(self) -> bool:

@@ -87,7 +87,7 @@ class PluginService(DevicePluginBase):
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         try:
-            await trio_asyncio.trio_as_aio(self._plugin.prepare)()
+            await trio_asyncio.trio_as_aio(self._plugin.ensure_spec)()
         except SpecWriteError as err:
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.FAILED_PRECONDITION, str(err)) from None

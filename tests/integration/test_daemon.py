@@ -15,7 +15,7 @@ from powerdev.kubelet.paths import KUBELET_SOCKET
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError, PluginClient
 from powerdev.support.probe import socket_answers
-from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree, wait_for_file
+from tests.conftest import config_for, daemon_and_kubelet, host_safe, make_dev_tree, wait_for_file
 
 LIMIT = 10  # seconds; every wait below is on an event, this only bounds a hang
 
@@ -160,7 +160,11 @@ async def test_waits_for_an_absent_kubelet(tmp_path, dev):
     plugin_dir = tmp_path / "device-plugins"
     status = tmp_path / "status.json"
     settings = Settings(
-        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", status_file=status
+        plugin_dir=plugin_dir,
+        dev_root=dev,
+        sys_root=tmp_path / "sys",
+        status_file=status,
+        **host_safe(tmp_path),
     )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
@@ -210,7 +214,9 @@ async def test_a_removed_plugin_dir_is_watched_again(tmp_path, dev):
 
 async def test_a_refused_register_is_retried_and_logged_once(tmp_path, dev, caplog):
     plugin_dir = tmp_path / "device-plugins"
-    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(
+        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", **host_safe(tmp_path)
+    )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
@@ -354,7 +360,10 @@ async def test_a_resource_removed_before_it_serves_is_never_served(tmp_path, dev
     """The kubelet is not up yet, so serving waits; a reload removes the
     resource meanwhile: it must not be served when the kubelet comes."""
     settings = Settings(
-        plugin_dir=tmp_path / "device-plugins", dev_root=dev, sys_root=tmp_path / "sys"
+        plugin_dir=tmp_path / "device-plugins",
+        dev_root=dev,
+        sys_root=tmp_path / "sys",
+        **host_safe(tmp_path),
     )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
@@ -370,7 +379,11 @@ async def test_a_missing_plugin_directory_is_named_as_missing(tmp_path, dev, cap
     plugin_dir = tmp_path / "not-yet" / "device-plugins"
     status = tmp_path / "status"
     settings = Settings(
-        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", status_file=status
+        plugin_dir=plugin_dir,
+        dev_root=dev,
+        sys_root=tmp_path / "sys",
+        status_file=status,
+        **host_safe(tmp_path),
     )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
@@ -382,4 +395,30 @@ async def test_a_missing_plugin_directory_is_named_as_missing(tmp_path, dev, cap
                 and "--plugin-dir" in line
                 for line in said
             ), said
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_resource_whose_first_scan_fails_leaves_nothing_behind(tmp_path, dev, monkeypatch):
+    """A reload's new resource that cannot be scanned is not added: it is in
+    no list, holds no scope, and its spec writer retires."""
+    settings = Settings(
+        plugin_dir=tmp_path / "device-plugins",
+        dev_root=dev,
+        sys_root=tmp_path / "sys",
+        **host_safe(tmp_path),
+    )
+
+    async def refused(plugin) -> None:
+        raise OSError("the kernel refused to stat a node")
+
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            running = supervisor.Running(settings, nursery, [], None)
+            monkeypatch.setattr(supervisor, "scan", refused)
+            resource = config_for(INCLUDE, name="a.io/broken").resources[0]
+            with pytest.raises(OSError, match="refused"):
+                await running.prepare(resource)
+            assert running.plugins == []
+            assert "a.io/broken" not in running._scopes
+            assert "a.io/broken" in running._retiring  # its spec writer retires
             nursery.cancel_scope.cancel()

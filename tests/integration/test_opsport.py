@@ -19,7 +19,7 @@ from powerdev.devtools.fake_kubelet import FakeKubelet
 from powerdev.ops import metrics, oplog, opsserver
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError
-from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, make_dev_tree
+from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, host_safe, make_dev_tree
 
 LIMIT = 20
 
@@ -161,7 +161,7 @@ async def test_healthz_and_readyz_follow_the_kubelet(tmp_path):
     plugin_dir = tmp_path / "device-plugins"
     settings = Settings(
         plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", uevents="off",
-        metrics_socket=sock,
+        metrics_socket=sock, **host_safe(tmp_path),
     )  # fmt: skip
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
@@ -354,7 +354,9 @@ async def test_register_refusals_are_counted_and_the_accepted_one_by_its_cause(t
     name = "example.com/ops-refused"
     config = config_for('{"include-devices": ["/dev/dm-*"]}', name=name, socket="ops-f.sock")
     plugin_dir = tmp_path / "device-plugins"
-    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(
+        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", **host_safe(tmp_path)
+    )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
@@ -376,7 +378,9 @@ async def test_config_reloads_applied_and_rejected_are_counted_with_the_last_goo
     path = tmp_path / "config.json"
     path.write_text('{"permissions": "rw"}')
     name = "example.com/ops-reload"
-    plugin = Plugin(ResourceConfig(name=name, socket="ops-l.sock"), Inventory())
+    plugin = Plugin(
+        ResourceConfig(name=name, socket="ops-l.sock"), Inventory(), refresh=None, spec=None
+    )
     from powerdev.daemon.settings import Settings
     from tests.conftest import StubResources
 

@@ -68,7 +68,7 @@ def test_any_bytes_at_reload_keep_the_daemon_and_a_good_config(tmp_path, content
 
     path = tmp_path / "config.json"
     path.write_bytes(content)
-    plugin = Plugin(ResourceConfig(), Inventory())
+    plugin = Plugin(ResourceConfig(), Inventory(), refresh=None, spec=None)
     good = plugin.resource
     running = StubResources([plugin])
 
@@ -88,7 +88,7 @@ DEVICES = tuple(Device(i, f"/dev/{i}", "b", 253, n) for n, i in enumerate(["dm-0
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(ids, max_size=20), max_size=10), st.integers(0, 3))
 def test_allocate_refuses_or_grants_every_device(requests, limit):
-    plugin = Plugin(ResourceConfig(upper_limit=limit), Inventory(DEVICES))
+    plugin = Plugin(ResourceConfig(upper_limit=limit), Inventory(DEVICES), refresh=None, spec=None)
     known = {u.id for u in plugin.units()}
     try:
         grants = plugin.allocate(requests)
@@ -115,12 +115,14 @@ def test_preferred_keeps_what_must_be_kept(available, must, size):
 @given(st.sampled_from(["r", "w", "rw", "wr", "R", "W", "RW"]))
 def test_m_is_granted_only_when_configured(permissions):
     config = parse_config(json.dumps({"permissions": permissions}), source="c.json")
-    plugin = Plugin(config.resources[0], Inventory(DEVICES))
+    plugin = Plugin(config.resources[0], Inventory(DEVICES), refresh=None, spec=None)
     assert all("m" not in g.permissions for g in plugin.allocate([["dm-0"]])[0])
 
 
 def test_default_permissions_have_no_m():
-    plugin = Plugin(parse_config("{}", source="c").resources[0], Inventory(DEVICES))
+    plugin = Plugin(
+        parse_config("{}", source="c").resources[0], Inventory(DEVICES), refresh=None, spec=None
+    )
     assert {g.permissions for g in plugin.allocate([["dm-0"]])[0]} == {"rw"}
 
 
@@ -182,7 +184,7 @@ def test_an_empty_file_at_runtime_keeps_the_last_good_config(tmp_path, caplog):
 
     path = tmp_path / "config.json"
     path.write_text("")
-    plugin = Plugin(ResourceConfig(include=("/dev/dm-*",)), Inventory())
+    plugin = Plugin(ResourceConfig(include=("/dev/dm-*",)), Inventory(), refresh=None, spec=None)
     running = StubResources([plugin])
 
     async def reload_once():

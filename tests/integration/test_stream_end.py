@@ -38,7 +38,9 @@ class ClosedUnderUs:
     [StreamClosedError(1), StreamTerminatedError("Connection lost"), ConnectionResetError()],
 )
 async def test_a_push_onto_a_closed_stream_ends_the_call_as_a_cancellation(error):
-    plugin = Plugin(ResourceConfig(), Inventory([Device("d0", "/dev/d0", "c", 1, 3)]))
+    plugin = Plugin(
+        ResourceConfig(), Inventory([Device("d0", "/dev/d0", "c", 1, 3)]), refresh=None, spec=None
+    )
     service = PluginService(plugin)
 
     async def list_and_watch() -> None:

@@ -23,7 +23,7 @@ from powerdev.devtools.kit import CDICHECK
 from powerdev.devtools.testing import is_root, loop_control, make_nodes
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginClient
-from tests.conftest import require_tool, wait_for_file
+from tests.conftest import host_safe, require_tool, wait_for_file
 from tests.kubelet.conftest import daemon, node, write_config
 
 SPEC = "power-dev-plugin-dev.json"
@@ -319,7 +319,9 @@ async def test_another_clients_stream_before_the_kubelets_is_not_taken_for_it(tm
 
     dev = make_dev_tree(tmp_path / "dev", ["dm-0", "dm-1"])
     plugin_dir = tmp_path / "device-plugins"
-    settings = Settings(plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys")
+    settings = Settings(
+        plugin_dir=plugin_dir, dev_root=dev, sys_root=tmp_path / "sys", **host_safe(tmp_path)
+    )
     with trio.fail_after(LIMIT):
         async with asyncio_door(), trio.open_nursery() as nursery:
             other = PluginClient(plugin_dir / "power-dev.csi.ibm.com-reg.sock")

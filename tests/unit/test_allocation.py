@@ -78,8 +78,17 @@ def test_preferred(available, must, size, expected):
     assert preferred(available, must, size) == expected
 
 
+@pytest.mark.parametrize("allocation", ["all", "each"])
+def test_a_plugin_without_a_spec_writer_never_answers_cdi_names(allocation):
+    """CDI names with no file behind them would fail the container at start."""
+    resource = ResourceConfig(name="a.io/x", cdi=True, allocation=allocation)
+    plugin = Plugin(resource, Inventory((A, B)), refresh=None, spec=None)
+    with pytest.raises(RuntimeError, match="CDI names need a spec file"):
+        plugin.allocate([["sda"]])
+
+
 def test_plugin_answers_every_container_and_caches_per_version():
-    plugin = Plugin(ResourceConfig(permissions="r"), Inventory((A, B)))
+    plugin = Plugin(ResourceConfig(permissions="r"), Inventory((A, B)), refresh=None, spec=None)
     first = plugin.allocate([["sda"], ["mapper.mpatha"]])
     assert len(first) == 2 and first[0] == first[1]
     assert [g.permissions for g in first[0]] == ["r", "r"]
@@ -91,7 +100,7 @@ def test_plugin_answers_every_container_and_caches_per_version():
 
 
 def test_upper_limit_units_grant_every_device():
-    plugin = Plugin(ResourceConfig(upper_limit=2), Inventory((A, B)))
+    plugin = Plugin(ResourceConfig(upper_limit=2), Inventory((A, B)), refresh=None, spec=None)
     assert [u.id for u in plugin.units()] == ["share-1", "share-2"]
     assert [g.host_path for g in plugin.allocate([["share-2"]])[0]] == [
         "/dev/mapper/mpatha",  # the inventory lists devices by path
@@ -132,7 +141,12 @@ def test_each_mode_one_unit_per_identity_and_grants_only_the_chosen():
     (a, b) = units(devices, 0, "each")
     assert (a.id, a.healthy, a.numa) == (lun, True, 1)  # two names, one unit
     assert b.numa == 0
-    plugin = Plugin(ResourceConfig(allocation="each", permissions="r"), Inventory(devices))
+    plugin = Plugin(
+        ResourceConfig(allocation="each", permissions="r"),
+        Inventory(devices),
+        refresh=None,
+        spec=None,
+    )
     (grant,) = plugin.allocate([[lun]])
     assert grant == (
         DeviceGrant("/dev/dm-3", "/dev/dm-3", "r"),

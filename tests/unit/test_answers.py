@@ -29,7 +29,7 @@ def full_list(plugin):
 
 
 async def test_list_matches_a_full_encoding_across_changes():
-    plugin = Plugin(ResourceConfig(), Inventory(NODES))
+    plugin = Plugin(ResourceConfig(), Inventory(NODES), refresh=None, spec=None)
     answers = Answers(plugin)
     assert await answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
     plugin.inventory.publish((*NODES[10:], Node("sdx", "/dev/sdx", "b", 8, 0)))
@@ -39,12 +39,12 @@ async def test_list_matches_a_full_encoding_across_changes():
 
 
 async def test_upper_limit_list():
-    plugin = Plugin(ResourceConfig(upper_limit=3), Inventory(NODES))
+    plugin = Plugin(ResourceConfig(upper_limit=3), Inventory(NODES), refresh=None, spec=None)
     assert await Answers(plugin).list_and_watch(plugin.inventory.current) == full_list(plugin)
 
 
 async def test_allocate_matches_a_full_encoding_for_several_containers():
-    plugin = Plugin(ResourceConfig(permissions="rwm"), Inventory(NODES))
+    plugin = Plugin(ResourceConfig(permissions="rwm"), Inventory(NODES), refresh=None, spec=None)
     answers = Answers(plugin)
     grants = plugin.allocate([["dm-0"], ["dm-1"], ["dm-2"]])
     container = ContainerAllocateResponse(
@@ -62,7 +62,7 @@ async def test_allocate_matches_a_full_encoding_for_several_containers():
 
 
 async def test_an_empty_grant_is_one_empty_container():
-    plugin = Plugin(ResourceConfig(), Inventory(()))
+    plugin = Plugin(ResourceConfig(), Inventory(()), refresh=None, spec=None)
     answers = Answers(plugin)
     assert await answers.allocate(plugin.allocate([[]])) == bytes(
         AllocateResponse(container_responses=[ContainerAllocateResponse()])

@@ -124,7 +124,7 @@ def test_a_refusal_reason_comes_from_the_advertised_ids():
     inventory = Inventory(
         [Device("sda", "/dev/sda", "b", 8, 0), Device("sdb", "/dev/sdb", "b", 8, 16, False)]
     )
-    plugin = Plugin(ResourceConfig(), inventory)
+    plugin = Plugin(ResourceConfig(), inventory, refresh=None, spec=None)
     assert metrics.refusal_reason(plugin, [["sda", "nope"]]) == "unknown_id"
     assert metrics.refusal_reason(plugin, [["sda", "sdb"]]) == "unhealthy_id"
     assert metrics.refusal_reason(plugin, [["sda"]]) == "other"

@@ -212,7 +212,7 @@ async def test_new_settings_come_into_force_with_the_list_found_under_them(tmp_p
     from powerdev.resources.plugin import Plugin
 
     t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
-    plugin = Plugin(t.resource, t.inventory, t)
+    plugin = Plugin(t.resource, t.inventory, t, refresh=None, spec=None)
     release, entered = threading.Event(), threading.Event()
     real = t._discover
 
