@@ -4,7 +4,9 @@ and environment variables), commands.py runs the daemon-side commands,
 webhook.py the webhook's. `powerdev health` is a probe: it imports only what
 it needs, before logging or anything else is set up.
 
-May import every powerdev package; nothing imports it.
+May import: support, devices, config, resources, ops, kubelet, daemon,
+webhook, devtools. Nothing imports it; it reaches the gRPC door only
+through the daemon.
 """
 
 from __future__ import annotations
