@@ -155,6 +155,8 @@ def why_nothing(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> str
     if not kept:
         return f"every one of the {len(candidates)} matching paths is in exclude-devices"
     if not any(probe(dev_root, p) is not None for p in kept):
+        if len(kept) == 1:
+            return "1 path matches, but it is not a character or block device node"
         return f"{len(kept)} paths match, but none is a character or block device node"
     return "the nodes that match are control nodes or in use by the host (see above)"
 

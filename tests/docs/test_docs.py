@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from powerdev.devtools import kit
+from tests.conftest import require_tool
 from tests.docs.markdown import ROOT, Block, anchors, blocks, links, pages
 from tests.docs.trees import TREES
 
@@ -134,8 +135,12 @@ def commands(text: str) -> list[str]:
 
 
 def environment() -> dict[str, str]:
+    """The pages' commands find powerdev (this venv's) and kubectl (the
+    conformance kit's, when built) first."""
     env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    kubectl = kit.find("kubectl", env)
+    tools = [BIN] + ([str(kubectl.parent)] if kubectl is not None else [])
+    env["PATH"] = os.pathsep.join([*tools, env.get("PATH", "")])
     for name in list(env):
         if name.startswith("POWERDEV_"):
             del env[name]  # the page's command says everything it needs
@@ -286,11 +291,11 @@ def test_config_examples_are_accepted(block, tmp_path):
     run(f"{scan} --host-mountinfo mountinfo", tmp_path, {})
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
 @pytest.mark.parametrize("block", RENDERS, ids=[b.where for b in RENDERS])
 def test_kustomize_snippets_render(block, tmp_path):
     """The snippet, merged into a copy of the kustomization it names, renders;
     an image set in the base reaches the DaemonSet."""
+    require_tool(kit.TOOLS["kubectl"])  # the kit's: skips without it, fails in CI
     TREES["repo"](tmp_path)
     kustomization = tmp_path / block.value / "kustomization.yaml"
     doc = yaml.safe_load(kustomization.read_text())

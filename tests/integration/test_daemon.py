@@ -288,7 +288,10 @@ async def test_a_failure_between_bind_and_serve_leaves_no_server(tmp_path, monke
     [
         ('{"include-devices": ["/dev/dm-*"]}', "nothing under"),
         ('{"include-devices": ["/dev/sd*"], "exclude-devices": ["/dev/sd?"]}', "exclude-devices"),
-        ('{"include-devices": ["/dev/file*"]}', "none is a character or block device node"),
+        (
+            '{"include-devices": ["/dev/file*"]}',
+            "1 path matches, but it is not a character or block device node",
+        ),
     ],
 )
 async def test_a_resource_with_no_device_says_why(tmp_path, config, why, caplog):
