@@ -4,6 +4,8 @@ run() opens the event sources (netlink uevents and inotify on the device
 directories), scans every resource, and supervises in one nursery: a
 follower per source, the `time` strategy's rescans, the config reloader
 (reload.py), and one re-registration loop per resource (registrar.py).
+Its neighbours keep what outlives one resource's registration: the CDI
+spec writers (specs.py) and what pods hold, as the kubelet says (pods.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Protocol
 import trio
 
 from powerdev.config import Config, ResourceConfig
+from powerdev.daemon.pods import PodsHold
 from powerdev.daemon.registrar import serve_resource
 from powerdev.daemon.reload import Reloader
 from powerdev.daemon.settings import Settings
+from powerdev.daemon.specs import SpecWriters
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP
 from powerdev.devices.events import DeviceEvent
@@ -33,14 +37,11 @@ from powerdev.devices.inventory import Inventory
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.ops import metrics, oplog, opsserver
 from powerdev.ops.status import StatusFile
-from powerdev.resources import allocation
-from powerdev.resources.cdi import SpecWriteError, SpecWriter
 from powerdev.resources.matching import start_warnings, why_nothing
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 from powerdev.resources.tracker import Tracker
 from powerdev.rpc import asyncio_door
-from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
 from powerdev.support.inotify import Inotify
 
 log = logging.getLogger(__name__)
@@ -142,11 +143,11 @@ async def run(
                     opsserver.serve, settings.metrics_socket, running.plugins, running.status
                 )
             # Before any device event is applied: what pods hold now is owned.
-            await running.seed_owners()
+            await running.pods.seed(running.plugins, running.ledger)
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
             nursery.start_soon(
-                running.ledger.follow_pods, running.held_ids, settings.cdi_recheck_interval
+                running.ledger.follow_pods, running.pods.held_ids, settings.cdi_recheck_interval
             )
             if settings.config_path is not None:
                 reloader = Reloader(settings, running, loaded=config.raw, inotify=inotify)
@@ -178,12 +179,11 @@ class Running:
         self._dirs = dirs
         self.status = StatusFile(settings.status_file)
         self._scopes: dict[str, trio.CancelScope] = {}
-        # One writer per CDI spec file, kept while the file may name a held
-        # device: a resource removed and added again gets the same one back.
-        self._writers: dict[str, SpecWriter] = {}
-        self._retiring: dict[str, trio.CancelScope] = {}
+        self.pods = PodsHold(settings.pod_resources_socket)
+        self.specs = SpecWriters(
+            settings.cdi_spec_dir, self.pods.held_ids, settings.cdi_recheck_interval, nursery
+        )
         self._applied = trio.Event()
-        self._unheld: str | None = None  # why the kubelet could not say what pods hold
         self.ledger = Ledger()  # one device, one holder, across the resources
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
@@ -199,7 +199,7 @@ class Running:
             udev=settings.udev,
             ledger=self.ledger,
         )
-        spec = self._spec_writer(resource.name)
+        spec = self.specs.writer(resource.name)
         plugin = Plugin(resource, inventory, tracker, refresh=self.refresh, spec=spec)
         for line in start_warnings(resource, settings.dev_root):
             log.warning("%s", line)
@@ -250,10 +250,8 @@ class Running:
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()
-        writer = self._writers.get(name)
-        if writer is not None and not coming_back:
-            self._retiring[name] = scope = trio.CancelScope()
-            self._nursery.start_soon(self._retire_spec, writer, plugin.resource, scope)
+        if not coming_back:
+            self.specs.retire(plugin.resource)
         self._watch()
 
     async def rescan(self, plugin: Plugin) -> None:
@@ -279,90 +277,6 @@ class Running:
                 metrics.events_received(source.source, batch)
                 _apply(batch, self.plugins, self._nursery)
 
-    def _spec_writer(self, name: str) -> SpecWriter:
-        """The resource's CDI spec writer: the one it had, if it is back in
-        the config before its old spec went, else a new one."""
-        retiring = self._retiring.pop(name, None)
-        if retiring is not None:
-            retiring.cancel()
-        writer = self._writers.get(name)
-        if writer is None:
-            writer = SpecWriter(self.settings.cdi_spec_dir, name, self.held_ids)
-            self._writers[name] = writer
-        return writer
-
-    async def _retire_spec(
-        self, writer: SpecWriter, resource: ResourceConfig, scope: trio.CancelScope
-    ) -> None:
-        """A resource gone from the config: its spec shrinks to what pods
-        still hold, asked every cdi_recheck_interval, and goes when that is
-        nothing; unless the resource comes back first (scope cancelled)."""
-        with scope:
-            while True:
-                try:
-                    await writer.recheck(resource, None)
-                except SpecWriteError as err:
-                    log.error("%s: %s", resource.name, err)
-                if not writer.keeps:
-                    break
-                await trio.sleep(self.settings.cdi_recheck_interval)
-        if self._retiring.get(resource.name) is scope:  # done, and not taken back
-            del self._retiring[resource.name]
-            del self._writers[resource.name]
-
-    async def held_ids(self) -> dict[str, set[str]] | None:
-        """Resource name -> device IDs pods hold, from the kubelet; None when
-        it cannot be asked (said once, and once again when it answers)."""
-        socket = self.settings.pod_resources_socket
-        if socket is None:
-            return None
-        try:
-            held = await held_ids(socket)
-        except Exception as err:  # whatever the kubelet or grpclib does, "cannot say" is safe
-            if not isinstance(err, PodResourcesUnavailable):
-                err = PodResourcesUnavailable(f"{socket}: {type(err).__name__}: {err}")
-            if self._unheld is None:
-                log.warning(
-                    "cannot ask the kubelet which devices pods hold (%s): CDI specs keep "
-                    "every device they named, and a device granted as one unit and back "
-                    "as another stays Unhealthy, until it answers",
-                    err,
-                )
-            self._unheld = str(err)
-            return None
-        if self._unheld is not None:
-            log.info("the kubelet's PodResources API answers again")
-            self._unheld = None
-        return held
-
-    async def seed_owners(self) -> None:
-        """What pods held before this daemon started is what the kubelet
-        says now: those units' devices are owned as if granted here, so a
-        device that changes while held waits. Asked once, at start, before
-        device events are applied (at most the PodResources timeout)."""
-        socket = self.settings.pod_resources_socket
-        held = None
-        if socket is not None and not await trio.Path(socket).exists():
-            log.info(
-                "no PodResources socket at %s (yet): a device that changes while a pod "
-                "holds it waits until the kubelet can be asked",
-                socket,
-            )
-        else:
-            held = await self.held_ids()
-        if held is not None:
-            for plugin in self.plugins:
-                ids = held.get(plugin.resource.name, set())
-                if not ids:
-                    continue
-                devices = plugin.inventory.current.devices
-                if plugin.resource.allocation != "each":
-                    self.ledger.granted(plugin.resource.name, None, devices)
-                    continue
-                by_unit = allocation.by_unit(devices)
-                for unit in ids:
-                    self.ledger.granted(plugin.resource.name, unit, by_unit.get(unit, ()))
-
     def _watch(self) -> None:
         if self._dirs is not None:
             self._dirs.watch(_levels(self.plugins))
@@ -370,15 +284,13 @@ class Running:
     async def _serve(
         self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        writer = plugin.spec
-        assert writer is not None  # prepare() gives every plugin of the daemon one
         scope = self._scopes.get(plugin.resource.name)
         if scope is None or plugin not in self.plugins:
             task_status.started()
             return  # removed before it was served
         with scope:
             async with trio.open_nursery() as resource:
-                resource.start_soon(_keep_spec, writer, plugin, self.settings.cdi_recheck_interval)
+                resource.start_soon(self.specs.keep, plugin)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
                 await resource.start(
                     partial(
@@ -421,26 +333,6 @@ def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.
             nursery.start_soon(scan, plugin)
         elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
             _log_devices(plugin)
-
-
-async def _keep_spec(writer: SpecWriter, plugin: Plugin, interval: float) -> None:
-    """The CDI spec follows every change of the resource's list (a changed
-    config publishes anew too); while it keeps devices only because pods may
-    hold them, the kubelet is asked again every `interval` seconds. The file
-    stays when the daemon stops: the next one reads it back."""
-    seen = 0
-    while True:
-        snapshot = None
-        with trio.move_on_after(interval if writer.keeps else math.inf):
-            snapshot = await plugin.inventory.wait_newer(seen)
-        try:
-            if snapshot is None:
-                await writer.recheck(plugin.resource, plugin.inventory.current)
-            else:
-                seen = snapshot.version
-                await writer.ensure(plugin.resource, snapshot)
-        except SpecWriteError as err:
-            log.error("%s: %s; Allocate will try again", plugin.resource.name, err)
 
 
 async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:

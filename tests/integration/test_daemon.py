@@ -423,5 +423,5 @@ async def test_a_resource_whose_first_scan_fails_leaves_nothing_behind(tmp_path,
                 await running.prepare(resource)
             assert running.plugins == []
             assert "a.io/broken" not in running._scopes
-            assert "a.io/broken" in running._retiring  # its spec writer retires
+            assert running.specs.retiring("a.io/broken")  # its spec writer retires
             nursery.cancel_scope.cancel()
