@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from powerdev.config import (
+    Config,
     ConfigError,
     ResourceConfig,
     decode_config,
@@ -105,27 +106,41 @@ class Reloader:
             return await self._reload()
 
     async def _reload(self) -> bool:
+        try:
+            config = await self._checked_config()
+        except _Refused as refused:
+            log.log(refused.level, "%s", refused)
+            metrics.config_rejected()
+            return False
+        if config is None:
+            return True  # the same bytes as last time: nothing to do
+        for warning in config.warnings:
+            log.warning("%s", warning)
+        await self._apply_config(config)
+        self.running.changed()
+        metrics.config_applied()
+        return True
+
+    async def _checked_config(self) -> Config | None:
+        """The file's config, checked as at start; None if the file has not
+        changed; _Refused, saying why, if it must not be applied."""
         path = self.config_path
-        problem = None
         try:
             seen: bytes | None = read_config_bytes(path)
         except FileNotFoundError:
             seen = None
         except (OSError, ConfigError) as err:
-            seen, problem = None, f"{path}: cannot be read ({err})"
-        if seen == self._last_seen and problem is None:
-            return True
+            self._last_seen = None
+            raise _Refused.keeping(f"{path}: cannot be read ({err})") from None
+        if seen == self._last_seen:
+            return None
         self._last_seen = seen
         if seen is None:
-            log.warning("%s; the last good config stays in force", problem or f"{path} is gone")
-            metrics.config_rejected()
-            return False
+            raise _Refused.keeping(f"{path} is gone")
         if not seen.strip():
             # Empty at start means the seed's defaults; empty now is a file
             # caught in the middle of a write, or emptied by mistake.
-            log.warning("%s is empty; the last good config stays in force", path)
-            metrics.config_rejected()
-            return False
+            raise _Refused.keeping(f"{path} is empty")
         try:
             config = parse_config(
                 decode_config(seen, str(path)),
@@ -134,40 +149,25 @@ class Reloader:
                 socket_name=self.settings.socket_name,
             )
         except ConfigError as err:
-            log.error("config not applied, the last good one stays in force: %s", err)
-            metrics.config_rejected()
-            return False
+            raise _Refused.bad(str(err)) from None
         except Exception as err:  # a hole in validation must never end the daemon
-            log.error(
-                "config not applied, the last good one stays in force: %s: %s: %s",
-                path,
-                type(err).__name__,
-                err,
-            )
-            metrics.config_rejected()
-            return False
+            raise _Refused.bad(f"{path}: {type(err).__name__}: {err}") from None
         for resource in config.resources:
             problem = socket_path_problem(self.settings.plugin_dir, resource.socket)
             if problem:
-                log.error(
-                    "config not applied, the last good one stays in force: %s: %s; "
-                    "use shorter socket names",
-                    path,
-                    problem,
-                )
-                metrics.config_rejected()
-                return False
+                raise _Refused.bad(f"{path}: {problem}; use shorter socket names")
         settings = self.settings
         try:
             await trio.to_thread.run_sync(
                 partial(check_devices, config, settings.dev_root, settings.sys_root, settings.udev)
             )
         except ConfigError as err:
-            log.error("config not applied, the last good one stays in force: %s", err)
-            metrics.config_rejected()
-            return False
-        for warning in config.warnings:
-            log.warning("%s", warning)
+            raise _Refused.bad(str(err)) from None
+        return config
+
+    async def _apply_config(self, config: Config) -> None:
+        """Resource by resource: gone ones stop, new ones start, changed
+        ones change; one that fails is said and the others go on."""
         wanted = {r.name: r for r in config.resources}
         for plugin in list(self.running.plugins):
             resource = wanted.get(plugin.resource.name)
@@ -181,14 +181,11 @@ class Reloader:
                 if plugin is None:
                     await self.running.add(resource)
                     continue
-                resource = _keep_unit_model(plugin.resource, resource, str(path))
+                resource = _keep_unit_model(plugin.resource, resource, str(self.config_path))
                 if resource != plugin.resource:
                     await self._apply(plugin, resource)
             except Exception as err:  # say, a device path the kernel refuses to stat
                 log.error("%s: not applied: %s: %s", name, type(err).__name__, err)
-        self.running.changed()
-        metrics.config_applied()
-        return True
 
     async def _apply(self, plugin: Plugin, resource: ResourceConfig) -> None:
         old = plugin.resource
@@ -198,6 +195,24 @@ class Reloader:
         # What is advertised or granted for the same devices may have changed
         # (units, permissions, CDI): a new version, for every follower.
         plugin.inventory.publish(plugin.inventory.current.devices, force=True)
+
+
+class _Refused(Exception):
+    """A config that is not applied, and what the log says (the last good
+    one stays in force): a file gone, empty or unreadable is a warning, a
+    bad one an error."""
+
+    def __init__(self, level: int, message: str) -> None:
+        super().__init__(message)
+        self.level = level
+
+    @classmethod
+    def keeping(cls, why: str) -> _Refused:
+        return cls(logging.WARNING, f"{why}; the last good config stays in force")
+
+    @classmethod
+    def bad(cls, why: str) -> _Refused:
+        return cls(logging.ERROR, f"config not applied, the last good one stays in force: {why}")
 
 
 def _keep_unit_model(old: ResourceConfig, new: ResourceConfig, source: str) -> ResourceConfig:
