@@ -96,3 +96,19 @@ def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
     # One connection of the steps before may still be closing when the
     # baseline is counted (the daemon closes it after its answer's end).
     assert held["max_ms"] > 0 and held["daemon_descriptors_added"] >= 200 - 1
+
+
+def test_import_cost_names_every_step_with_its_resident_memory():
+    done = subprocess.run(
+        [sys.executable, "-m", "powerdev.devtools.importcost"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interpreter") and lines[-1].startswith("powerdev: the daemon")
+    assert len(lines) == 13  # the interpreter, then each step
+    total = float(lines[-1].split()[-3])  # "... 43.4 MiB  (+2.4)"
+    assert total > float(lines[0].split()[-2])
