@@ -14,26 +14,18 @@ API is devicemanager.py.
 from __future__ import annotations
 
 import contextlib
-import json
-import signal
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from powerdev.devtools.devicemanager import HarnessError
+from powerdev.devtools.harness import Harness
 
 
-class DRAHarness:
+class DRAHarness(Harness):
     """One running draharness. call() sends a command and returns its reply;
     the other methods are the commands tests use most, by name."""
 
-    def __init__(self, proc: trio.Process, log: Path) -> None:
-        self._proc = proc
-        self.log = log
-        self._buffer = b""
+    name = "draharness"
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -52,49 +44,8 @@ class DRAHarness:
         argv = [str(binary), "-node-name", node_name, f"-v={verbosity}"]
         if kubeconfig is not None:
             argv += ["-kubeconfig", str(kubeconfig)]
-        with log.open("ab") as stderr:
-            proc = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
-            )
-        try:
-            yield cls(proc, log)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-                for pipe in (proc.stdin, proc.stdout):
-                    if pipe is not None:
-                        await pipe.aclose()
-
-    async def call(self, *words: object) -> dict[str, Any]:
-        """Run one command; its JSON reply. HarnessError if it says "error"."""
-        reply = await self.send(*words)
-        if "error" in reply:
-            raise HarnessError(f"{reply['cmd']}: {reply['error']} (log: {self.log})")
-        return reply
-
-    async def send(self, *words: object) -> dict[str, Any]:
-        """Run one command; its JSON reply as it is, errors included."""
-        line = " ".join(str(w) for w in words)
-        if not line or "\n" in line:
-            raise ValueError(f"one command on one line, not {line!r}")
-        assert self._proc.stdin is not None
-        await self._proc.stdin.send_all(line.encode() + b"\n")
-        reply = json.loads(await self._read_line())
-        if reply.get("cmd") != line:
-            raise HarnessError(f"asked {line!r}, got an answer to {reply.get('cmd')!r}")
-        return reply  # type: ignore[no-any-return]
-
-    async def _read_line(self) -> bytes:
-        assert self._proc.stdout is not None
-        while b"\n" not in self._buffer:
-            chunk = await self._proc.stdout.receive_some(65536)
-            if not chunk:
-                raise HarnessError(f"draharness exited; see {self.log}")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line
+        async with cls.spawn(argv, log) as harness:
+            yield harness
 
     # --- the commands, by name --------------------------------------------------------
 
@@ -137,8 +88,3 @@ class DRAHarness:
     async def restart(self) -> dict[str, Any]:
         """Both managers stopped, and new ones on the same directories."""
         return await self.call("restart")
-
-    async def kill(self) -> None:
-        """SIGKILL, as a kubelet that crashes: no cleanup of any kind."""
-        self._proc.send_signal(signal.SIGKILL)
-        await self._proc.wait()

@@ -10,9 +10,15 @@ from tests.conftest import make_dev_tree, needs_root, with_udev_database
 
 
 def scan(tmp_path, config, *flags, udev_run=None):
-    """`powerdev scan`; with udev_run, where udev's database is /run/udev (root)."""
+    """`powerdev scan` of this config; with udev_run, where udev's database
+    is /run/udev (root)."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
+    return scan_file(tmp_path, path, *flags, udev_run=udev_run)
+
+
+def scan_file(tmp_path, path, *flags, udev_run=None):
+    """`powerdev scan` of a config file as it is (empty, or missing, say)."""
     command = [
         sys.executable,
         "-m",
@@ -28,13 +34,7 @@ def scan(tmp_path, config, *flags, udev_run=None):
     ]
     if udev_run is not None:
         command = with_udev_database(command, udev_run)
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
 CONFIG = {
@@ -212,28 +212,6 @@ async def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):
     assert "field 'permisions_typo_far_away' is not known and is ignored" in text
     assert "'/dev/gone/*' can match nothing yet" in text
     assert "nx-gzip is true, but this host has no /dev/crypto/nx-gzip" in text
-
-
-def scan_file(tmp_path, path):
-    """`powerdev scan` of a config file as it is (empty, or missing)."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "powerdev",
-            "scan",
-            "--config",
-            str(path),
-            "--dev-root",
-            str(tmp_path / "dev"),
-            "--sys-root",
-            str(tmp_path / "sys"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_scan_refuses_what_run_refuses_with_the_same_line_and_exit_code(tmp_path):
