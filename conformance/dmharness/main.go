@@ -8,7 +8,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,7 +15,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +37,8 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+
+	"powerdev.local/conformance/lineproto"
 )
 
 type reply map[string]any
@@ -597,8 +597,6 @@ func (h *harness) run(words []string) (reply, error) {
 	return nil, fmt.Errorf("unknown command %q", words[0])
 }
 
-var spaces = regexp.MustCompile(`\s+`)
-
 func main() {
 	klog.InitFlags(nil)
 	resource := flag.String("resource", "power-dev-plugin/dev", "the resource that cap, state, wait and admit look at")
@@ -608,31 +606,6 @@ func main() {
 		os.Exit(1)
 	}
 	h := &harness{resource: *resource, logger: klog.Background()}
-	out := json.NewEncoder(os.Stdout)
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
-	for in.Scan() {
-		line := strings.TrimSpace(in.Text())
-		if line == "" {
-			continue
-		}
-		words := spaces.Split(line, -1)
-		answer, err := h.run(words)
-		if answer == nil {
-			answer = reply{}
-		}
-		answer["cmd"] = line
-		answer["t"] = time.Now().UnixMilli()
-		if err != nil {
-			answer["error"] = err.Error()
-		}
-		if encodeErr := out.Encode(answer); encodeErr != nil {
-			fmt.Fprintln(os.Stderr, "dmharness:", encodeErr)
-			os.Exit(1)
-		}
-		if words[0] == "quit" {
-			break
-		}
-	}
+	lineproto.Serve("dmharness", func(words []string) (map[string]any, error) { return h.run(words) })
 	_ = h.stopManager()
 }

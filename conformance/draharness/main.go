@@ -10,7 +10,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,7 +17,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +28,8 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+
+	"powerdev.local/conformance/lineproto"
 )
 
 // The DRA manager's checkpoint, in STATE_DIR (dra.draManagerStateFileName).
@@ -376,8 +376,6 @@ func (h *harness) run(words []string) (reply, error) {
 	return nil, fmt.Errorf("unknown command %q", words[0])
 }
 
-var spaces = regexp.MustCompile(`\s+`)
-
 func main() {
 	klog.InitFlags(nil)
 	hostname, _ := os.Hostname()
@@ -395,31 +393,6 @@ func main() {
 		api.client = client
 	}
 	h := &harness{logger: klog.Background(), api: api, board: b}
-	out := json.NewEncoder(os.Stdout)
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
-	for in.Scan() {
-		line := strings.TrimSpace(in.Text())
-		if line == "" {
-			continue
-		}
-		words := spaces.Split(line, -1)
-		answer, err := h.run(words)
-		if answer == nil {
-			answer = reply{}
-		}
-		answer["cmd"] = line
-		answer["t"] = time.Now().UnixMilli()
-		if err != nil {
-			answer["error"] = err.Error()
-		}
-		if encodeErr := out.Encode(answer); encodeErr != nil {
-			fmt.Fprintln(os.Stderr, "draharness:", encodeErr)
-			os.Exit(1)
-		}
-		if words[0] == "quit" {
-			break
-		}
-	}
+	lineproto.Serve("draharness", func(words []string) (map[string]any, error) { return h.run(words) })
 	h.stopInstance()
 }
