@@ -101,10 +101,10 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
     )
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    bench.add_argument(
+    _choice(
+        bench,
         "--log-level",
-        type=one_of(LOG_LEVELS),
-        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        LOG_LEVELS,
         default="warning",
         help="the bench's own log verbosity [default warning]",
     )
@@ -150,10 +150,10 @@ def _health(sub: argparse._SubParsersAction) -> None:
         default=3.0,
         help="seconds to wait for the plugin's socket to answer [default 3]",
     )
-    health.add_argument(
+    _choice(
+        health,
         "--log-level",
-        type=one_of(LOG_LEVELS),
-        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        LOG_LEVELS,
         default="warning",
         help="accepted like the other commands'; the probe prints only why it fails",
     )
@@ -173,17 +173,17 @@ def _local(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     """What every daemon-side command takes: logging, names, the host's /dev and /sys."""
-    p.add_argument(
+    _choice(
+        p,
         "--log-level",
-        type=one_of(LOG_LEVELS),
-        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        LOG_LEVELS,
         default=env("LOG_LEVEL", "info"),
         help="log verbosity [env POWERDEV_LOG_LEVEL; default info]",
     )
-    p.add_argument(
+    _choice(
+        p,
         "--log-format",
-        type=one_of(logformat.FORMATS),
-        metavar="{" + ",".join(logformat.FORMATS) + "}",
+        logformat.FORMATS,
         default=env("LOG_FORMAT", "text"),
         help="text, or json: one object per line [env POWERDEV_LOG_FORMAT; default text]",
     )
@@ -206,10 +206,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="where the host's /dev is visible, e.g. /host/dev; reported paths "
         "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
     )
-    p.add_argument(
+    _choice(
+        p,
         "--uevents",
-        type=one_of(UEVENT_SOURCES),
-        metavar="{" + ",".join(UEVENT_SOURCES) + "}",
+        UEVENT_SOURCES,
         default=env("UEVENTS", "auto"),
         help="device events to follow: udev (links made; needs /run/udev), kernel, "
         "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
@@ -242,4 +242,17 @@ def _plugin_dir(p: argparse.ArgumentParser) -> None:
         default=Path(env("PLUGIN_DIR", DEFAULT_PLUGIN_DIR)),
         help="the kubelet's device-plugins directory [env POWERDEV_PLUGIN_DIR; "
         f"default {DEFAULT_PLUGIN_DIR}]",
+    )
+
+
+def _choice(
+    p: argparse.ArgumentParser, flag: str, values: tuple[str, ...], *, default: str, help: str
+) -> None:
+    """An option that is one of `values`, in any case, listed in --help."""
+    p.add_argument(
+        flag,
+        type=one_of(values),
+        metavar="{" + ",".join(values) + "}",
+        default=default,
+        help=help,
     )
