@@ -18,6 +18,8 @@ from typing import Any
 
 from powerdev.config.schema import (
     ALLOCATIONS,
+    API_NOT_YET,
+    APIS,
     ENTRY_FIELDS,
     KNOWN_FIELDS,
     MAX_UPPER_LIMIT,
@@ -74,6 +76,24 @@ def _allocation(entry: Entry, key: str) -> str:
             'use "all" (every grant carries every device) or "each" (one device a unit)',
         )
     return allocation
+
+
+def _api(entry: Entry, key: str) -> str:
+    api = entry.want(key, str, '"device-plugin" or "dra"')
+    if api not in APIS:
+        raise entry.error(
+            key,
+            f"{api!r} is not an API",
+            'use "device-plugin" (the kubelet\'s device plugin API, the default) or "dra" '
+            "(Dynamic Resource Allocation: ResourceSlices and ResourceClaims)",
+        )
+    if api in API_NOT_YET:
+        raise entry.error(
+            key,
+            f"{api!r} is not available yet in this version of powerdev",
+            'use "device-plugin" or "dra", and move a resource from one to the other',
+        )
+    return api
 
 
 def _match_properties(entry: Entry, key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -247,6 +267,7 @@ def _upper_limit(entry: Entry, key: str) -> int:
 # as a whole between the two tables.
 Reader = Callable[[Entry, str], Any]
 FIELDS_BEFORE_CDI: tuple[tuple[str, str, Reader], ...] = (
+    ("api", "api", _api),
     ("allocation", "allocation", _allocation),
     ("match-properties", "match_properties", _match_properties),
     ("nx-gzip", "nx_gzip", _flag),
@@ -295,6 +316,15 @@ def _read(entry: Entry, table: tuple[tuple[str, str, Reader], ...]) -> dict[str,
 
 def _check_cdi_only(entry: Entry, res: dict[str, object]) -> None:
     cdi_only = [key for key, _, _ in CDI_FIELDS[1:] if key in entry.data]
+    if res.get("api") == "dra":
+        if "cdi" in entry.data:
+            raise entry.error(
+                "cdi",
+                'is for the device plugin API: "api": "dra" always answers with CDI '
+                "(a spec per claim)",
+                "remove it",
+            )
+        return  # device-uid, -gid and -mode shape each claim's CDI spec
     if cdi_only and not res.get("cdi"):
         raise entry.error(
             cdi_only[0],
@@ -319,6 +349,22 @@ def _unknown_fields(entry: Entry) -> tuple[str, ...]:
 
 
 def _check_mode(entry: Entry, res: dict[str, object]) -> None:
+    if res.get("api") == "dra":
+        # A DRA device is one device (every name of it): "each" units.
+        if "upper-limit" in entry.data:
+            raise entry.error(
+                "upper-limit",
+                'shares units out, and "api": "dra" publishes each device as itself',
+                "remove upper-limit (a claim's count says how many devices a pod gets)",
+            )
+        if res.get("allocation", "each") != "each":
+            raise entry.error(
+                "allocation",
+                '"all" grants every device at once, and "api": "dra" grants the devices '
+                "a claim was allocated",
+                'remove allocation, or write "each"',
+            )
+        res["allocation"] = "each"
     if res.get("allocation") == "each" and res.get("upper_limit", 0):
         raise entry.error(
             "upper-limit",

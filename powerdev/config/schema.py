@@ -45,9 +45,15 @@ KNOWN_FIELDS = (
     "device-mode",
     "allocation",
     "match-properties",
+    "api",
 )
 ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has these
 ALLOCATIONS = ("all", "each")
+# Through which Kubernetes API a resource's devices are handed out: the device
+# plugin API (Allocate), Dynamic Resource Allocation (ResourceSlices and
+# NodePrepareResources), or both during a migration (not available yet).
+APIS = ("device-plugin", "dra", "both")
+API_NOT_YET = ("both",)
 MAX_RESOURCES = 32  # each is a socket, a registration and a stream
 
 
@@ -80,6 +86,11 @@ class ResourceConfig:
     allocation: str = "all"  # "all": every grant carries every device; "each": the ones chosen
     # (udev property, globs): a device must match one glob of every property
     match_properties: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    api: str = "device-plugin"  # or "dra": ResourceSlices and claims (powerdev/dra)
+
+    @property
+    def dra(self) -> bool:
+        return self.api == "dra"
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,8 @@ def describe_resource(resource: Any) -> str:
         value = getattr(resource, item.name)
         if value is None or (item.name == "match_properties" and not value):
             continue  # not set: nothing to say (device-uid, device-gid, ...)
+        if item.name == "api" and value == "device-plugin":
+            continue  # the default, and what every resource did before DRA
         shown.append(f"{setting_name(item.name)} {setting_value(item.name, value)}")
     return ", ".join(shown)
 
