@@ -4,7 +4,7 @@ and environment variables), commands.py runs the daemon-side commands,
 webhook.py the webhook's. `powerdev health` is a probe: it imports only what
 it needs, before logging or anything else is set up.
 
-May import: support, devices, config, resources, ops, kubelet, daemon,
+May import: support, devices, config, resources, ops, dra (its names), kubelet, daemon,
 webhook, devtools. Nothing imports it; it reaches the gRPC door only
 through the daemon.
 """

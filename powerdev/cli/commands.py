@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return _say("bad config", err, BAD_CONFIG)
     except opsserver.ListenError as err:
         return _say("cannot start", err, CANNOT_START)
+    dra = _dra_settings(args, config)
+    if isinstance(dra, ConfigError):
+        return _say("bad config", dra, BAD_CONFIG)
     settings = Settings(
         plugin_dir=args.plugin_dir,
         dev_root=args.dev_root,
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         resource_name=args.resource_name,
         socket_name=args.socket_name,
         metrics_socket=port,
+        dra=dra,
     )
     steps = stepwatch.from_environment()
     # What the imports made lives as long as the daemon. Collected once now
@@ -86,6 +90,30 @@ def run(args: argparse.Namespace) -> int:
         if steps:
             stepwatch.write(*steps)
     return 0
+
+
+def _dra_settings(args: argparse.Namespace, config: Config) -> object:
+    """Where DRA is served, when a resource says "api": "dra": DraSettings,
+    None, or a ConfigError when this node's name is not known."""
+    from powerdev.daemon.settings import DraSettings
+
+    dra = [r.name for r in config.resources if r.dra]
+    if args.node_name is None:
+        if not dra:
+            return None
+        return ConfigError(
+            "--node-name",
+            None,
+            f'is needed by {dra[0]} ("api": "dra"): its ResourceSlices name this node',
+            "set NODE_NAME from the downward API (fieldRef spec.nodeName), or pass --node-name",
+        )
+    return DraSettings(
+        node_name=args.node_name,
+        driver=args.dra_driver,
+        kubeconfig=args.kubeconfig,
+        plugins_dir=args.dra_plugins_dir,
+        registry_dir=args.dra_registry_dir,
+    )
 
 
 def local(args: argparse.Namespace) -> int:

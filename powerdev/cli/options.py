@@ -64,3 +64,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[no-untyped-def]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def dra_driver(text: str) -> str:
+    """An argparse type: a DRA driver name, a DNS subdomain."""
+    from powerdev.dra.names import driver_problem
+
+    problem = driver_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}, such as dra.powerdev.io")
+    return text

@@ -4,6 +4,7 @@ groups they share. Every option has an environment variable (POWERDEV_...)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from powerdev import __version__
@@ -12,13 +13,20 @@ from powerdev.cli.options import (
     LOG_LEVELS,
     UEVENT_SOURCES,
     Parser,
+    dra_driver,
     env,
     metrics_address,
     one_of,
     seconds_between,
 )
 from powerdev.config import DEFAULT_CONFIG_PATH, DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
-from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from powerdev.kubelet.paths import (
+    DEFAULT_DRA_DRIVER,
+    DEFAULT_DRA_PLUGINS_DIR,
+    DEFAULT_DRA_REGISTRY_DIR,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 from powerdev.ops import logformat
 from powerdev.ops.status import DEFAULT_STATUS_FILE
 
@@ -71,6 +79,7 @@ def _run(sub: argparse._SubParsersAction) -> None:
         "again this often [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
     )
 
+    _dra(run)
     run.add_argument(
         "--status-file",
         type=Path,
@@ -84,6 +93,44 @@ def _run(sub: argparse._SubParsersAction) -> None:
         default=env("METRICS_ADDRESS", "") or None,
         help="serve /metrics, /healthz and /readyz over HTTP here: HOST:PORT, :PORT "
         "(every interface) or [IPv6]:PORT [env POWERDEV_METRICS_ADDRESS; default: off]",
+    )
+
+
+def _dra(run: argparse.ArgumentParser) -> None:
+    """Where resources with "api": "dra" are served (needed only by them)."""
+    run.add_argument(
+        "--dra-driver",
+        type=dra_driver,
+        default=env("DRA_DRIVER", DEFAULT_DRA_DRIVER),
+        help="the DRA driver's name, a DNS subdomain, that DeviceClasses select on "
+        f"[env POWERDEV_DRA_DRIVER; default {DEFAULT_DRA_DRIVER}]",
+    )
+    run.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or None,
+        help='this node\'s name, for resources with "api": "dra" [env NODE_NAME, from the '
+        "downward API's spec.nodeName]",
+    )
+    run.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=env("KUBECONFIG", "") or None,
+        help="the API server, for DRA [env POWERDEV_KUBECONFIG; default: the pod's "
+        "service account]",
+    )
+    run.add_argument(
+        "--dra-plugins-dir",
+        type=Path,
+        default=Path(env("DRA_PLUGINS_DIR", DEFAULT_DRA_PLUGINS_DIR)),
+        help="the kubelet's DRA plugins directory: the driver serves <dir>/<driver>/dra.sock "
+        f"[env POWERDEV_DRA_PLUGINS_DIR; default {DEFAULT_DRA_PLUGINS_DIR}]",
+    )
+    run.add_argument(
+        "--dra-registry-dir",
+        type=Path,
+        default=Path(env("DRA_REGISTRY_DIR", DEFAULT_DRA_REGISTRY_DIR)),
+        help="the kubelet's plugin registry, where <driver>-reg.sock goes "
+        f"[env POWERDEV_DRA_REGISTRY_DIR; default {DEFAULT_DRA_REGISTRY_DIR}]",
     )
 
 

@@ -12,8 +12,25 @@ from pathlib import Path
 
 from powerdev.config import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
 from powerdev.devices.udevdb import UdevDatabase
-from powerdev.kubelet.paths import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from powerdev.kubelet.paths import (
+    DEFAULT_DRA_DRIVER,
+    DEFAULT_DRA_PLUGINS_DIR,
+    DEFAULT_DRA_REGISTRY_DIR,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 from powerdev.resources.cdi import DEFAULT_SPEC_DIR
+
+
+@dataclass(frozen=True)
+class DraSettings:
+    """Where the DRA driver lives: its name, this node, the API server."""
+
+    node_name: str
+    driver: str = DEFAULT_DRA_DRIVER
+    kubeconfig: Path | None = None  # None: the pod's service account
+    plugins_dir: Path = Path(DEFAULT_DRA_PLUGINS_DIR)
+    registry_dir: Path = Path(DEFAULT_DRA_REGISTRY_DIR)
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,7 @@ class Settings:
     resource_name: str = DEFAULT_RESOURCE_NAME
     socket_name: str = DEFAULT_SOCKET_NAME
     metrics_socket: socket.socket | None = None  # bound by the CLI: /metrics, /healthz, /readyz
+    dra: DraSettings | None = None  # for resources with "api": "dra"
 
     @property
     def mountinfo(self) -> Path:

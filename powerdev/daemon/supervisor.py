@@ -23,6 +23,7 @@ from typing import Protocol
 import trio
 
 from powerdev.config import Config, ResourceConfig
+from powerdev.daemon.dra import DraDriver
 from powerdev.daemon.pods import PodsHold
 from powerdev.daemon.registrar import serve_resource
 from powerdev.daemon.reload import Reloader
@@ -117,8 +118,12 @@ async def run(
                 )
             )
             sources = [dirs, host_use, *_open_netlink(settings.uevents, stack)]
-        async with asyncio_door(), trio.open_nursery() as nursery:
-            running = Running(settings, nursery, sources, dirs, inotify)
+        async with (
+            contextlib.AsyncExitStack() as closing,  # closed once the nursery has ended
+            asyncio_door(),
+            trio.open_nursery() as nursery,
+        ):
+            running = Running(settings, nursery, sources, dirs, inotify, closing)
             stack.enter_context(metrics.serving(running.plugins, running.status))
             metrics.config_loaded()
             # The sources are live before the first scan: nothing falls between them.
@@ -170,6 +175,7 @@ class Running:
         sources: list[EventSource],
         dirs: DirEvents | None,
         inotify: Inotify | None = None,
+        closing: contextlib.AsyncExitStack | None = None,
     ) -> None:
         self.settings = settings
         self._inotify = inotify
@@ -185,6 +191,13 @@ class Running:
         )
         self._applied = trio.Event()
         self.ledger = Ledger()  # one device, one holder, across the resources
+        self.dra = DraDriver(
+            settings.dra,
+            settings.cdi_spec_dir,
+            lambda: self.plugins,
+            nursery,
+            closing or contextlib.AsyncExitStack(),
+        )
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
         """A resource's plugin, scanned and followed, not yet served."""
@@ -290,8 +303,13 @@ class Running:
             return  # removed before it was served
         with scope:
             async with trio.open_nursery() as resource:
-                resource.start_soon(self.specs.keep, plugin)
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
+                if plugin.resource.dra:  # ResourceSlices and claims instead of a socket
+                    await resource.start(self.dra.publish, plugin)
+                    task_status.started()
+                    task_status = trio.TASK_STATUS_IGNORED
+                    await trio.sleep_forever()
+                resource.start_soon(self.specs.keep, plugin)
                 await resource.start(
                     partial(
                         serve_resource,

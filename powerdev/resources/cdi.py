@@ -64,6 +64,12 @@ def build_spec(resource: ResourceConfig, devices: tuple[Device, ...]) -> dict[st
     return _spec(resource.name, _entries(resource, devices))
 
 
+def device_node(resource: ResourceConfig, device: Device) -> dict[str, object]:
+    """One device node as a CDI containerEdits entry, with the resource's
+    permissions and, where configured, uid, gid and mode (DRA's claims too)."""
+    return _node(resource, device)
+
+
 def _node(resource: ResourceConfig, device: Device) -> dict[str, object]:
     node: dict[str, object] = {
         "path": device.path,

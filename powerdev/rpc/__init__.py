@@ -5,10 +5,12 @@ deals in plain data (powerdev.resources.allocation types, tuples, strings).
 door.py (the loop and serve()), plugin_service.py (the DevicePlugin service),
 register.py (the Register call), podresources.py (the kubelet's
 PodResources List), kubelet_side.py (what a kubelet does: serve
-Registration, dial a plugin). kubelet_side.py is for the fake kubelet and
+Registration, dial a plugin), dra_service.py (a DRA driver's
+registration and node services, over powerdev.dra.claims; imported by its
+own name, only when a resource says "api": "dra"). kubelet_side.py is for the fake kubelet and
 tests: import it by its own name, so that the daemon never loads it.
 
-May import: support, devices, config, resources, ops (its metrics), the
+May import: support, devices, config, resources, ops (its metrics), dra, the
 generated code. Never daemon or cli.
 """
 

@@ -1,0 +1,104 @@
+"""The supervisor's neighbour for resources with "api": "dra": the one DRA
+driver of the node (its registration and node service, rpc/dra_service.py,
+over the claims' logic, dra/claims.py), started the first time a DRA
+resource is served, and each DRA resource's pool kept published
+(dra/slices.py). The API server client lives until the daemon's root
+nursery has ended, so that every pool is deleted on the way out.
+lightkube is imported here, and only here, when the first DRA resource
+starts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import trio
+
+from powerdev.daemon.settings import DraSettings
+from powerdev.resources.plugin import Plugin
+
+log = logging.getLogger(__name__)
+
+
+class DraDriver:
+    def __init__(
+        self,
+        settings: DraSettings | None,
+        cdi_dir: Path,
+        plugins: Callable[[], Sequence[Plugin]],
+        nursery: trio.Nursery,
+        closing: contextlib.AsyncExitStack,
+    ) -> None:
+        self._settings = settings
+        self._cdi_dir = cdi_dir
+        self._plugins = plugins
+        self._nursery = nursery
+        self._closing = closing
+        self._api: object | None = None
+        self._starting = trio.Lock()
+        self._registered = trio.Event()
+
+    def _dra_plugins(self) -> list[Plugin]:
+        return [p for p in self._plugins() if p.resource.dra]
+
+    def registered(self) -> None:
+        """The kubelet registered the driver: every pool is published again
+        (a kubelet that starts deletes its node's ResourceSlices)."""
+        self._registered.set()
+        self._registered = trio.Event()
+
+    async def _start(self) -> object:
+        async with self._starting:
+            if self._api is not None:
+                return self._api
+            from powerdev.dra import kubeapi
+            from powerdev.dra.claims import Claims
+            from powerdev.rpc.dra_service import serve_driver
+
+            settings = self._settings
+            assert settings is not None
+            client = kubeapi.client(settings.kubeconfig)
+            api = kubeapi.KubeApi(client)
+            self._closing.push_async_callback(api.aclose)
+            claims = Claims(
+                driver=settings.driver,
+                node=settings.node_name,
+                api=api,
+                plugins=self._dra_plugins,
+                cdi_dir=self._cdi_dir,
+                state_dir=settings.plugins_dir / settings.driver,
+            )
+            claims.load()
+            await self._nursery.start(
+                serve_driver,
+                settings.driver,
+                settings.registry_dir,
+                settings.plugins_dir,
+                claims,
+                self.registered,
+            )
+            self._api = api
+            return api
+
+    async def publish(
+        self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the resource's pool published until cancelled; started() once
+        first published. Without a node name (a reload added the first DRA
+        resource to a daemon started without one) it is not served."""
+        from powerdev.dra.slices import Pool, keep_published
+
+        settings = self._settings
+        if settings is None:
+            log.error(
+                '%s: "api": "dra" needs this node\'s name: set NODE_NAME (or --node-name) '
+                "and restart powerdev; not served",
+                plugin.resource.name,
+            )
+            task_status.started()
+            return
+        api = await self._start()
+        pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)  # type: ignore[arg-type]
+        await keep_published(plugin, pool, lambda: self._registered, task_status=task_status)

@@ -1,0 +1,203 @@
+"""NodePrepareResources and NodeUnprepareResources, as plain Trio.
+
+Preparing a claim: read it from the API server (namespace and name, its
+UID checked), take the results of its allocation that are ours (this
+driver, a pool of this node's DRA resources), check that each device is
+present, healthy (so not host-used, not taken by another resource) in the
+resource's inventory, write a CDI spec for the claim (one file per claim:
+every name of each device, with the resource's permissions, uid, gid and
+mode) and answer its CDI device IDs. Unpreparing removes the spec. Both
+are idempotent and take a lock per claim. A checkpoint in the driver's
+plugin directory (claim UID -> its spec and answer) lets a restarted
+daemon answer a claim it prepared before without asking again, and rewrite
+a spec that is gone (after a reboot /var/run/cdi is empty, while the
+kubelet still hands the claim's CDI IDs to containers from its own
+checkpoint): every spec in the checkpoint is rewritten at start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from powerdev.dra.names import device_name, pool_name
+from powerdev.resources.allocation import by_unit
+from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
+from powerdev.resources.plugin import Plugin
+
+log = logging.getLogger(__name__)
+
+CDI_CLASS = "claim"  # the CDI kind of every claim's devices: <driver>/claim
+CHECKPOINT = "checkpoint.json"
+CHECKPOINT_VERSION = 1
+
+
+class ClaimApi(Protocol):
+    async def claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One allocated device as the kubelet is told: its CDI IDs."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+
+class PrepareError(Exception):
+    """This claim cannot be prepared; str() is what the kubelet shows."""
+
+
+@dataclass
+class Claims:
+    driver: str
+    node: str
+    api: ClaimApi
+    plugins: Callable[[], Sequence[Plugin]]  # the DRA resources served now
+    cdi_dir: Path
+    state_dir: Path  # <plugins dir>/<driver>: the checkpoint
+    _held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _locks: dict[str, trio.Lock] = field(default_factory=dict)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.state_dir / CHECKPOINT
+
+    def spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / f"{self.driver}-{uid}.json"
+
+    def load(self) -> None:
+        """Read the checkpoint, and write again every spec it names that is gone."""
+        try:
+            data = json.loads(self.checkpoint_path.read_bytes())
+            self._held = dict(data["claims"]) if data.get("version") == CHECKPOINT_VERSION else {}
+        except FileNotFoundError:
+            self._held = {}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning(
+                "DRA: the checkpoint %s cannot be read (%s): starting empty",
+                self.checkpoint_path,
+                err,
+            )
+            self._held = {}
+        for uid, held in self._held.items():
+            self._ensure_spec(uid, held)
+
+    async def prepare(self, claim: ClaimRef) -> list[Prepared]:
+        async with self._lock(claim.uid):
+            held = self._held.get(claim.uid)
+            if held is None:
+                held = await self._prepare_anew(claim)
+                self._held[claim.uid] = held
+                self._save()
+            else:
+                self._ensure_spec(claim.uid, held)
+            return [
+                Prepared(tuple(d["requests"]), d["pool"], d["device"], tuple(d["cdi_ids"]))
+                for d in held["devices"]
+            ]
+
+    async def unprepare(self, claim: ClaimRef) -> None:
+        async with self._lock(claim.uid):
+            self.spec_path(claim.uid).unlink(missing_ok=True)
+            if self._held.pop(claim.uid, None) is not None:
+                self._save()
+        self._locks.pop(claim.uid, None)
+
+    def _lock(self, uid: str) -> trio.Lock:
+        return self._locks.setdefault(uid, trio.Lock())
+
+    async def _prepare_anew(self, ref: ClaimRef) -> dict[str, Any]:
+        claim = await self.api.claim(ref.namespace, ref.name)
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        if claim is None:
+            raise PrepareError(f"{where} does not exist")
+        if claim["metadata"].get("uid") != ref.uid:
+            raise PrepareError(f"{where} has UID {claim['metadata'].get('uid')}, not {ref.uid}")
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise PrepareError(f"{where} is not allocated")
+        results = [
+            r
+            for r in allocation.get("devices", {}).get("results") or []
+            if r["driver"] == self.driver
+        ]
+        pools = {pool_name(self.node, p.resource.name): p for p in self.plugins()}
+        devices: list[dict[str, Any]] = []
+        spec_devices: list[dict[str, Any]] = []
+        for result in results:
+            plugin = pools.get(result["pool"])
+            if plugin is None:
+                raise PrepareError(
+                    f"{where}: device {result['device']} is in pool {result['pool']}, "
+                    f"which is not one of this node's ({self.node}) pools"
+                )
+            names = _unit(plugin, result["device"])
+            if names is None:
+                raise PrepareError(
+                    f"{where}: device {result['device']} of pool {result['pool']} is not "
+                    "present, or not healthy, or used by the host, on this node now"
+                )
+            cdi_name = f"{ref.uid}-{result['device']}"
+            spec_devices.append(
+                {
+                    "name": cdi_name,
+                    "containerEdits": {
+                        "deviceNodes": [device_node(plugin.resource, d) for d in names]
+                    },
+                }
+            )
+            devices.append(
+                {
+                    "requests": [result["request"]],
+                    "pool": result["pool"],
+                    "device": result["device"],
+                    "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],
+                }
+            )
+        spec = {
+            "cdiVersion": CDI_VERSION,
+            "kind": f"{self.driver}/{CDI_CLASS}",
+            "devices": spec_devices,
+        }
+        held = {"namespace": ref.namespace, "name": ref.name, "spec": spec, "devices": devices}
+        self._write_spec(ref.uid, held)
+        return held
+
+    def _ensure_spec(self, uid: str, held: dict[str, Any]) -> None:
+        if not self.spec_path(uid).exists():
+            log.info("DRA: claim %s: its CDI spec is gone: written again", uid)
+            self._write_spec(uid, held)
+
+    def _write_spec(self, uid: str, held: dict[str, Any]) -> None:
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.spec_path(uid), json.dumps(held["spec"], indent=1).encode())
+
+    def _save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {"version": CHECKPOINT_VERSION, "claims": self._held}
+        write_atomically(self.checkpoint_path, json.dumps(data).encode())
+
+
+def _unit(plugin: Plugin, name: str) -> list[Any] | None:
+    """Every name of the published device called `name`, if it is healthy now."""
+    plugin.refresh()  # every device event already queued, applied first
+    for unit_id, names in by_unit(plugin.inventory.current.devices).items():
+        if device_name(unit_id) == name:
+            return names if all(d.healthy for d in names) else None
+    return None

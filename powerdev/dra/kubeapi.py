@@ -1,0 +1,62 @@
+"""The API server, as DRA needs it: ResourceSlices (list a pool's, apply,
+delete) and ResourceClaims (get one). lightkube's async client, on anyio,
+so on Trio without a thread per call. Imported only when some resource
+says "api": "dra" (lightkube and its models cost memory: see
+docs/performance.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+FIELD_MANAGER = "powerdev"
+
+
+def client(kubeconfig: Path | None) -> AsyncClient:
+    """A client from the kubeconfig file, or the pod's service account."""
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
+    return AsyncClient(config, field_manager=FIELD_MANAGER)
+
+
+class KubeApi:
+    """SliceApi (slices.py) and what claims.py reads, over one client."""
+
+    def __init__(self, api: AsyncClient) -> None:
+        self._api = api
+
+    async def pool_slices(self, driver: str, node: str, pool: str) -> list[dict[str, Any]]:
+        found = []
+        fields = {"spec.driver": driver, "spec.nodeName": node}
+        async for item in self._api.list(ResourceSlice, fields=fields):
+            body = item.to_dict()
+            if body["spec"]["pool"]["name"] == pool:
+                found.append(body)
+        return found
+
+    async def apply_slice(self, body: dict[str, Any]) -> None:
+        await self._api.apply(from_dict(body), force=True)
+
+    async def delete_slice(self, name: str) -> None:
+        try:
+            await self._api.delete(ResourceSlice, name)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    async def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim, or None when the API server has none of that name."""
+        try:
+            found = await self._api.get(ResourceClaim, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        return found.to_dict()
+
+    async def aclose(self) -> None:
+        await self._api.close()

@@ -1,0 +1,54 @@
+"""The names DRA objects get: a device's name in a slice (a DNS label from
+its unit ID, stable across restarts), a resource's pool on a node, and the
+ResourceSlice objects' own names. Pure functions."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_LABEL = 63  # a DNS label (RFC 1123): a device's name in a slice
+MAX_SUBDOMAIN = 253  # a DNS subdomain: a driver's name, an object's name
+_NOT_LABEL = re.compile(r"[^a-z0-9-]")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_HASH = 8
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:_HASH]
+
+
+def device_name(unit_id: str) -> str:
+    """A unit ID as a DNS label: lowercase, other characters made "-". When
+    that changed anything, or the result is too long, a hash of the ID is
+    appended, so that two IDs made alike never share a name.
+
+    "dm-uuid.mpath-3600a0b8" -> "dm-uuid-mpath-3600a0b8-<8 hex digits>";
+    "loop4" -> "loop4"."""
+    cleaned = _NOT_LABEL.sub("-", unit_id.lower()).strip("-")
+    if cleaned == unit_id and len(cleaned) <= MAX_LABEL and _LABEL.fullmatch(cleaned):
+        return cleaned
+    head = cleaned[: MAX_LABEL - _HASH - 1].strip("-")
+    return f"{head}-{_digest(unit_id)}" if head else f"d-{_digest(unit_id)}"
+
+
+def driver_problem(driver: str) -> str | None:
+    """Why a driver name is not a DNS subdomain, or None."""
+    if len(driver) > MAX_SUBDOMAIN:
+        return f"is {len(driver)} characters, more than {MAX_SUBDOMAIN}"
+    if not _SUBDOMAIN.fullmatch(driver):
+        return "is not a DNS subdomain (lowercase letters, digits, '-' and '.')"
+    return None
+
+
+def pool_name(node: str, resource_name: str) -> str:
+    """One pool per node and resource: "<node>/<resource name>"."""
+    return f"{node}/{resource_name}"
+
+
+def slice_name(node: str, driver: str, resource_name: str, index: int) -> str:
+    """The name of the index-th ResourceSlice of a pool: readable node and
+    resource, a hash of all three (two pools never share a name)."""
+    readable = _NOT_LABEL.sub("-", f"{node}-{resource_name}".lower()).strip("-")[:200]
+    return f"{readable}-{_digest(f'{driver}/{node}/{resource_name}')}-{index}"

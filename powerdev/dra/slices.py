@@ -1,0 +1,232 @@
+"""What a DRA resource publishes, and keeping it published.
+
+One pool per (node, resource), "<node>/<resource name>", in as many
+ResourceSlices as it takes at 128 devices each (the API's limit), every
+slice with the pool's generation and slice count; a new generation on
+every change. A device is one unit of "each" mode (every name of one
+device), named from its unit ID (names.py). Its attributes, for CEL
+selectors: resource, kind (block/char), path, major, minor, wwid or serial
+when its identity gives one, numaNode when known. Strings over 64
+characters (the API's limit) are left out. Unhealthy units are not
+published; host-used devices never reach the inventory (the tracker screens
+them). build_devices() and build_slices() are pure; keep_published()
+follows the resource's inventory and deletes the pool on the way out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from powerdev.devices.model import Device
+from powerdev.dra.names import device_name, pool_name, slice_name
+from powerdev.resources.allocation import by_unit
+from powerdev.resources.plugin import Plugin
+from powerdev.support.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_STRING = 64  # a string attribute's longest value
+RETRY = (0.1, 10.0)  # first and longest wait before publishing again after an API error
+DELETE_TIMEOUT = 5.0  # on the way out, for deleting the pool
+# An identity's source (devices/identity.py) -> the attribute it gives.
+_IDENTITY_ATTRIBUTES = {
+    "WWID": "wwid",
+    "ID_WWN": "wwid",
+    "SERIAL": "serial",
+    "ID_SERIAL": "serial",
+}
+
+
+def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[str, Any]]:
+    first = names[0]  # every name of a unit is the same device: kind, numbers, identity
+    attributes: dict[str, dict[str, Any]] = {
+        "resource": {"string": resource_name},
+        "kind": {"string": "block" if first.kind == "b" else "char"},
+        "path": {"string": first.path},
+        "major": {"int": first.major},
+        "minor": {"int": first.minor},
+    }
+    if first.identity:
+        source, _, value = first.identity.partition("=")
+        attribute = _IDENTITY_ATTRIBUTES.get(source)
+        if attribute and value:
+            attributes[attribute] = {"string": value}
+    if first.numa is not None:
+        attributes["numaNode"] = {"int": first.numa}
+    return {
+        key: value
+        for key, value in attributes.items()
+        if len(str(value.get("string", ""))) <= MAX_STRING
+    }
+
+
+def build_devices(resource_name: str, devices: Sequence[Device]) -> list[dict[str, Any]]:
+    """The pool's devices: one per healthy unit, sorted by name."""
+    published = []
+    for unit_id, names in by_unit(devices).items():
+        if all(d.healthy for d in names):
+            ordered = sorted(names, key=lambda d: (len(d.path), d.path))
+            attributes = _attributes(resource_name, ordered)
+            published.append({"name": device_name(unit_id), "attributes": attributes})
+    return sorted(published, key=lambda d: d["name"])
+
+
+def build_slices(
+    driver: str, node: str, resource_name: str, devices: list[dict[str, Any]], generation: int
+) -> list[dict[str, Any]]:
+    """The pool's ResourceSlices at a generation (at least one, even empty)."""
+    chunks = [
+        devices[i : i + MAX_DEVICES_PER_SLICE]
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node, driver, resource_name, i),
+                "labels": {"app.kubernetes.io/managed-by": "powerdev"},
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {
+                    "name": pool_name(node, resource_name),
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "devices": chunk,
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+class SliceApi(Protocol):
+    """What publishing needs of the API server (kubeapi.py gives it)."""
+
+    async def pool_slices(self, driver: str, node: str, pool: str) -> list[dict[str, Any]]: ...
+
+    async def apply_slice(self, body: dict[str, Any]) -> None: ...
+
+    async def delete_slice(self, name: str) -> None: ...
+
+
+@dataclass
+class Pool:
+    """One resource's pool on this node, as published."""
+
+    api: SliceApi
+    driver: str
+    node: str
+    resource_name: str
+    generation: int = 0
+    names: tuple[str, ...] = ()  # the slices published now
+
+    async def publish(self, devices: list[dict[str, Any]]) -> None:
+        """A new generation with these devices; slices no longer needed go."""
+        if self.generation == 0:  # the first time: after any generation left before
+            found = await self.api.pool_slices(self.driver, self.node, self._pool)
+            self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
+            self.names = tuple(s["metadata"]["name"] for s in found)
+        self.generation += 1
+        bodies = build_slices(self.driver, self.node, self.resource_name, devices, self.generation)
+        for body in bodies:
+            await self.api.apply_slice(body)
+        kept = {b["metadata"]["name"] for b in bodies}
+        for name in self.names:
+            if name not in kept:
+                await self.api.delete_slice(name)
+        self.names = tuple(sorted(kept))
+
+    async def delete(self) -> None:
+        """Every slice of the pool, whoever published it."""
+        found = await self.api.pool_slices(self.driver, self.node, self._pool)
+        for name in {*self.names, *(s["metadata"]["name"] for s in found)}:
+            await self.api.delete_slice(name)
+        self.names = ()
+
+    @property
+    def _pool(self) -> str:
+        return pool_name(self.node, self.resource_name)
+
+
+async def keep_published(
+    plugin: Plugin,
+    pool: Pool,
+    republish: Callable[[], trio.Event],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Publish the resource's pool, again on every inventory change and
+    whenever republish() fires (the kubelet registered us: a kubelet that
+    starts deletes its node's slices); started() once first published (or
+    first tried). On the way out, the pool is deleted."""
+    name = plugin.resource.name
+    backoff = Backoff(*RETRY)
+    seen = -1
+    published: list[dict[str, Any]] | None = None
+    try:
+        while True:
+            snapshot = plugin.inventory.current
+            seen = snapshot.version
+            devices = build_devices(name, snapshot.devices)
+            wake = republish()
+            if devices != published:
+                try:
+                    await pool.publish(devices)
+                except Exception as err:  # the API server: unreachable, refusing
+                    log.warning(
+                        "%s: cannot publish its ResourceSlices (%s): trying again", name, err
+                    )
+                    task_status.started()
+                    task_status = trio.TASK_STATUS_IGNORED
+                    await trio.sleep(backoff.next())
+                    continue
+                backoff.reset()
+                published = devices
+                log.info(
+                    "%s: published %d DRA devices in pool %s (generation %d)",
+                    name,
+                    len(devices),
+                    pool_name(pool.node, name),
+                    pool.generation,
+                )
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+            if await _newer_or(plugin, seen, wake):
+                published = None  # the kubelet registered us: publish again
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(DELETE_TIMEOUT) as waited:
+            try:
+                await pool.delete()
+            except Exception as err:
+                log.warning("%s: cannot delete its ResourceSlices (%s)", name, err)
+        if waited.cancelled_caught:
+            log.warning("%s: its ResourceSlices were not deleted within %gs", name, DELETE_TIMEOUT)
+
+
+async def _newer_or(plugin: Plugin, seen: int, wake: trio.Event) -> bool:
+    """Wait for an inventory newer than `seen` or for `wake`; True for wake."""
+    woken = False
+    async with trio.open_nursery() as nursery:
+
+        async def newer() -> None:
+            await plugin.inventory.wait_newer(seen)
+            nursery.cancel_scope.cancel()
+
+        async def woke() -> None:
+            nonlocal woken
+            await wake.wait()
+            woken = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(newer)
+        nursery.start_soon(woke)
+    return woken

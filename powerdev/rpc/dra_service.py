@@ -1,0 +1,177 @@
+"""The kubelet's side of a DRA driver, served: pluginregistration v1 on
+<registry dir>/<driver>-reg.sock (GetInfo: a DRAPlugin, its endpoint and
+the node service versions; NotifyRegistrationStatus) and the DRA node
+service, v1 and v1beta1, on <plugins dir>/<driver>/dra.sock. Thin shells:
+each call crosses into Trio, to powerdev.dra.claims, and the answers are
+built here from its plain data."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import trio
+import trio_asyncio
+
+from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
+from powerdev._proto.pluginregistration import (
+    InfoRequest,
+    PluginInfo,
+    RegistrationBase,
+    RegistrationStatus,
+    RegistrationStatusResponse,
+)
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.rpc.door import serve
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # the node services, as a registration names them
+SOCKET = "dra.sock"
+
+
+def registration_socket(registry_dir: Path, driver: str) -> Path:
+    return registry_dir / f"{driver}-reg.sock"
+
+
+def endpoint(plugins_dir: Path, driver: str) -> Path:
+    return plugins_dir / driver / SOCKET
+
+
+class _Registration(RegistrationBase):
+    def __init__(self, driver: str, endpoint: Path, registered: Callable[[], None]) -> None:
+        self._driver = driver
+        self._endpoint = endpoint
+        self._registered = registered
+
+    async def get_info(self, info_request: InfoRequest) -> PluginInfo:
+        return PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self._driver,
+            endpoint=str(self._endpoint),
+            supported_versions=list(VERSIONS),
+        )
+
+    async def notify_registration_status(
+        self, registration_status: RegistrationStatus
+    ) -> RegistrationStatusResponse:
+        if registration_status.plugin_registered:
+            await trio_asyncio.trio_as_aio(_registered)(self._driver, self._registered)
+        else:
+            await trio_asyncio.trio_as_aio(_refused)(self._driver, registration_status.error)
+        return RegistrationStatusResponse()
+
+
+async def _registered(driver: str, registered: Callable[[], None]) -> None:
+    log.info("DRA: the kubelet registered driver %s", driver)
+    registered()
+
+
+async def _refused(driver: str, error: str) -> None:
+    log.error("DRA: the kubelet refused driver %s: %s", driver, error)
+
+
+def _node_service(api: ModuleType, claims: Claims) -> object:
+    """The node service of one API version (v1 and v1beta1 have the same fields)."""
+
+    class Node(api.DraPluginBase):  # type: ignore[name-defined,misc]
+        async def node_prepare_resources(self, node_prepare_resources_request):  # type: ignore[no-untyped-def]
+            refs = [
+                ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims
+            ]
+            answers = await trio_asyncio.trio_as_aio(_prepare_all)(claims, refs)
+            return api.NodePrepareResourcesResponse(
+                claims={
+                    uid: api.NodePrepareResourceResponse(error=answer)
+                    if isinstance(answer, str)
+                    else api.NodePrepareResourceResponse(
+                        devices=[
+                            api.Device(
+                                request_names=list(d.requests),
+                                pool_name=d.pool,
+                                device_name=d.device,
+                                cdi_device_ids=list(d.cdi_ids),
+                            )
+                            for d in answer
+                        ]
+                    )
+                    for uid, answer in answers.items()
+                }
+            )
+
+        async def node_unprepare_resources(self, node_unprepare_resources_request):  # type: ignore[no-untyped-def]
+            refs = [
+                ClaimRef(c.namespace, c.name, c.uid)
+                for c in node_unprepare_resources_request.claims
+            ]
+            answers = await trio_asyncio.trio_as_aio(_unprepare_all)(claims, refs)
+            return api.NodeUnprepareResourcesResponse(
+                claims={
+                    uid: api.NodeUnprepareResourceResponse(error=error)
+                    for uid, error in answers.items()
+                }
+            )
+
+    return Node()
+
+
+async def _prepare_all(claims: Claims, refs: list[ClaimRef]) -> dict[str, object]:
+    """Each claim side by side; an error (a string) for one that failed."""
+    answers: dict[str, object] = {}
+
+    async def one(ref: ClaimRef) -> None:
+        try:
+            answers[ref.uid] = await claims.prepare(ref)
+            log.info("DRA: prepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+        except PrepareError as err:
+            answers[ref.uid] = str(err)
+            log.warning("DRA: claim %s/%s not prepared: %s", ref.namespace, ref.name, err)
+        except Exception as err:  # the API server unreachable, a file not written
+            answers[ref.uid] = f"cannot prepare claim {ref.namespace}/{ref.name}: {err}"
+            log.warning("DRA: claim %s/%s not prepared: %s", ref.namespace, ref.name, err)
+
+    async with trio.open_nursery() as nursery:
+        for ref in refs:
+            nursery.start_soon(one, ref)
+    return answers
+
+
+async def _unprepare_all(claims: Claims, refs: list[ClaimRef]) -> dict[str, str]:
+    answers: dict[str, str] = {}
+    for ref in refs:
+        try:
+            await claims.unprepare(ref)
+            answers[ref.uid] = ""
+            log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+        except OSError as err:
+            answers[ref.uid] = f"cannot remove the CDI spec of claim {ref.uid}: {err}"
+    return answers
+
+
+async def serve_driver(
+    driver: str,
+    registry_dir: Path,
+    plugins_dir: Path,
+    claims: Claims,
+    registered: Callable[[], None],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the node service, then the registration socket (so whatever the
+    kubelet finds is already served), until cancelled."""
+    node_socket = endpoint(plugins_dir, driver)
+    os.makedirs(node_socket.parent, exist_ok=True)
+    os.makedirs(registry_dir, exist_ok=True)
+    async with trio.open_nursery() as nursery:
+        services = [_node_service(v1, claims), _node_service(v1beta1, claims)]
+        await nursery.start(serve, node_socket, services)
+        registration = _Registration(driver, node_socket, registered)
+        await nursery.start(serve, registration_socket(registry_dir, driver), [registration])
+        log.info(
+            "DRA: driver %s serves %s, registered through %s", driver, node_socket, registry_dir
+        )
+        task_status.started()
