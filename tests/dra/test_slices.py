@@ -1,0 +1,147 @@
+"""powerdev's ResourceSlices, published by the real supervisor (in this
+process) to the kit's real API server, which validates them: a pool per
+node and resource, kept current as device nodes come and go, host-used
+devices left out, 128 devices a slice, and the pool deleted when powerdev
+stops."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.config import parse_config
+from powerdev.daemon import supervisor
+from powerdev.daemon.settings import DraSettings, Settings
+from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes
+from powerdev.dra.names import pool_name, slice_name
+from powerdev.rpc import asyncio_door
+from tests.e2e.controlplane import ControlPlane
+
+pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+RESOURCE = "powerdev.test/dra"
+LIMIT = 20
+
+
+def dra_config(**fields: object) -> str:
+    import json
+
+    entry = {"name": RESOURCE, "api": "dra", "include-devices": ["/dev/dra*", "/dev/lun*"]}
+    return json.dumps({"resources": [{**entry, **fields}]})
+
+
+@contextlib.asynccontextmanager
+async def publishing(
+    tmp_path: Path, plane: ControlPlane, dev: Path, config: str, **settings: object
+) -> AsyncIterator[tuple[str, str]]:
+    """The daemon in-process, DRA only (no kubelet): (node, driver)."""
+    node = f"dra-{secrets.token_hex(3)}"
+    driver = f"{node}.powerdev.test"
+    dra = DraSettings(
+        node_name=node,
+        driver=driver,
+        kubeconfig=plane.kubeconfig,
+        plugins_dir=tmp_path / "plugins",
+        registry_dir=tmp_path / "plugins_registry",
+    )
+    full = Settings(
+        plugin_dir=tmp_path / "device-plugins",
+        dev_root=dev,
+        sys_root=Path("/sys"),
+        uevents="off",
+        cdi_spec_dir=tmp_path / "cdi",
+        pod_resources_socket=None,
+        dra=dra,
+        **settings,  # type: ignore[arg-type]
+    )
+    parsed = parse_config(config, source="config.json")
+    async with asyncio_door(), trio.open_nursery() as nursery:
+        await nursery.start(partial(supervisor.run, full, parsed))
+        yield node, driver
+        nursery.cancel_scope.cancel()
+
+
+def mounted_at(path: Path, number: str, source: str) -> Path:
+    """A mount table: this process's, and the device `number` mounted."""
+    mine = Path("/proc/self/mountinfo").read_text()
+    path.write_text(mine + f"999 1 {number} / /mnt/host rw - ext4 {source} rw\n")
+    return path
+
+
+def names(item: dict) -> list[str]:
+    return [d["name"] for d in item["spec"]["devices"]]
+
+
+def paths(item: dict) -> list[str]:
+    return sorted(d["attributes"]["path"]["string"] for d in item["spec"]["devices"])
+
+
+async def test_a_pool_is_published_kept_current_and_deleted(api, control_plane, tmp_path):
+    dev = tmp_path / "dev"
+    make_nodes(dev, ["dra0", "dra1"])
+    # A block node of a real block device (loop0's numbers), mounted as the
+    # host's mount table says: host-used, never published.
+    os.mknod(dev / "lun0", stat.S_IFBLK | 0o600, os.makedev(7, 0))
+    mountinfo = mounted_at(tmp_path / "mountinfo", "7:0", "/dev/loop0")
+    with trio.fail_after(LIMIT):
+        async with publishing(
+            tmp_path, control_plane, dev, dra_config(), host_mountinfo=mountinfo
+        ) as (node, driver):
+            first = slice_name(node, driver, RESOURCE, 0)
+            item = await api.wait_for(SLICES, first)
+            assert paths(item) == ["/dev/dra0", "/dev/dra1"]
+            spec = item["spec"]
+            assert (spec["driver"], spec["nodeName"]) == (driver, node)
+            assert spec["pool"]["name"] == pool_name(node, RESOURCE)
+            assert spec["pool"]["resourceSliceCount"] == 1
+            generation = spec["pool"]["generation"]
+            (attributes,) = [
+                d["attributes"]
+                for d in spec["devices"]
+                if d["attributes"]["path"]["string"] == "/dev/dra0"
+            ]
+            assert attributes["resource"] == {"string": RESOURCE}
+            assert attributes["kind"] == {"string": "char"}
+            assert attributes["path"] == {"string": "/dev/dra0"}
+            assert attributes["major"] == {"int": NODE_MAJOR}
+            assert "int" in attributes["minor"]
+            # Hotplug: a node made, then one removed.
+            make_nodes(dev, ["dra2"])
+            item = await api.wait_for(SLICES, first, lambda s: "/dev/dra2" in paths(s))
+            assert paths(item) == ["/dev/dra0", "/dev/dra1", "/dev/dra2"]
+            assert item["spec"]["pool"]["generation"] > generation
+            (dev / "dra0").unlink()
+            item = await api.wait_for(SLICES, first, lambda s: "/dev/dra0" not in paths(s))
+            assert paths(item) == ["/dev/dra1", "/dev/dra2"]
+        # powerdev stopped: its pool is gone.
+        await api.wait_gone(SLICES, first)
+
+
+async def test_200_devices_make_two_slices_of_one_generation(api, control_plane, tmp_path):
+    dev = tmp_path / "dev"
+    make_nodes(dev, [f"dra{i}" for i in range(200)])
+    with trio.fail_after(LIMIT):
+        async with publishing(tmp_path, control_plane, dev, dra_config()) as (node, driver):
+            found = []
+            for i in (0, 1):
+                found.append(
+                    await api.wait_for(
+                        SLICES,
+                        slice_name(node, driver, RESOURCE, i),
+                        lambda s: s["spec"]["pool"]["resourceSliceCount"] == 2,
+                    )
+                )
+            assert [len(names(s)) for s in found] == [128, 72]
+            assert len({n for s in found for n in names(s)}) == 200
+            assert len({s["spec"]["pool"]["generation"] for s in found}) == 1
+            pool = await api.get(SLICES, fieldSelector=f"spec.nodeName={node}")
+            assert len(pool["items"]) == 2
