@@ -13,13 +13,20 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from powerdev.daemon.settings import DraSettings
+from powerdev.dra.slices import Pool
 from powerdev.resources.plugin import Plugin
+from powerdev.support.backoff import Backoff
+
+if TYPE_CHECKING:
+    from powerdev.dra.kubeapi import KubeApi  # lightkube: imported when DRA starts
 
 log = logging.getLogger(__name__)
+WATCH_RETRY = (0.1, 10.0)  # first and longest wait before watching the slices again
 
 
 class DraDriver:
@@ -36,9 +43,9 @@ class DraDriver:
         self._plugins = plugins
         self._nursery = nursery
         self._closing = closing
-        self._api: object | None = None
+        self._api: KubeApi | None = None
         self._starting = trio.Lock()
-        self._registered = trio.Event()
+        self._pools: dict[str, Pool] = {}  # by resource name: published now
 
     def _dra_plugins(self) -> list[Plugin]:
         return [p for p in self._plugins() if p.resource.dra]
@@ -46,10 +53,29 @@ class DraDriver:
     def registered(self) -> None:
         """The kubelet registered the driver: every pool is published again
         (a kubelet that starts deletes its node's ResourceSlices)."""
-        self._registered.set()
-        self._registered = trio.Event()
+        for pool in self._pools.values():
+            pool.lose()
 
-    async def _start(self) -> object:
+    async def _watch_slices(self, api: KubeApi, settings: DraSettings) -> None:
+        """A pool one of whose slices someone else deleted is published again."""
+        backoff = Backoff(*WATCH_RETRY)
+        while True:
+            try:
+                async for name in api.deleted_slices(settings.driver, settings.node_name):
+                    backoff.reset()
+                    for pool in self._pools.values():
+                        if name in pool.names:
+                            log.info(
+                                "%s: its ResourceSlice %s was deleted: publishing again",
+                                pool.resource_name,
+                                name,
+                            )
+                            pool.lose()
+            except Exception as err:  # the API server unreachable; the watch ended
+                log.warning("DRA: watching the node's ResourceSlices: %s: watching again", err)
+            await trio.sleep(backoff.next())
+
+    async def _start(self) -> KubeApi:
         async with self._starting:
             if self._api is not None:
                 return self._api
@@ -79,6 +105,7 @@ class DraDriver:
                 claims,
                 self.registered,
             )
+            self._nursery.start_soon(self._watch_slices, api, settings)
             self._api = api
             return api
 
@@ -88,7 +115,7 @@ class DraDriver:
         """Keep the resource's pool published until cancelled; started() once
         first published. Without a node name (a reload added the first DRA
         resource to a daemon started without one) it is not served."""
-        from powerdev.dra.slices import Pool, keep_published
+        from powerdev.dra.slices import keep_published
 
         settings = self._settings
         if settings is None:
@@ -100,5 +127,10 @@ class DraDriver:
             task_status.started()
             return
         api = await self._start()
-        pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)  # type: ignore[arg-type]
-        await keep_published(plugin, pool, lambda: self._registered, task_status=task_status)
+        pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
+        self._pools[plugin.resource.name] = pool
+        try:
+            await keep_published(plugin, pool, task_status=task_status)
+        finally:
+            if self._pools.get(plugin.resource.name) is pool:
+                del self._pools[plugin.resource.name]

@@ -6,6 +6,7 @@ docs/performance.md)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,13 @@ class KubeApi:
             if body["spec"]["pool"]["name"] == pool:
                 found.append(body)
         return found
+
+    async def deleted_slices(self, driver: str, node: str) -> AsyncIterator[str]:
+        """The name of each of the node's slices of the driver, as it is deleted."""
+        fields = {"spec.driver": driver, "spec.nodeName": node}
+        async for op, item in self._api.watch(ResourceSlice, fields=fields):
+            if op == "DELETED" and item.metadata is not None and item.metadata.name:
+                yield item.metadata.name
 
     async def apply_slice(self, body: dict[str, Any]) -> None:
         await self._api.apply(from_dict(body), force=True)

@@ -16,8 +16,8 @@ follows the resource's inventory and deletes the pool on the way out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -128,6 +128,17 @@ class Pool:
     resource_name: str
     generation: int = 0
     names: tuple[str, ...] = ()  # the slices published now
+    _lost: trio.Event = field(default_factory=trio.Event)
+
+    def lose(self) -> None:
+        """Someone else deleted a slice of ours (a starting kubelet wipes its
+        node's slices), or the kubelet registered us again: publish anew."""
+        self._lost.set()
+        self._lost = trio.Event()
+
+    @property
+    def lost(self) -> trio.Event:
+        return self._lost
 
     async def publish(self, devices: list[dict[str, Any]]) -> None:
         """A new generation with these devices; slices no longer needed go."""
@@ -160,14 +171,12 @@ class Pool:
 async def keep_published(
     plugin: Plugin,
     pool: Pool,
-    republish: Callable[[], trio.Event],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Publish the resource's pool, again on every inventory change and
-    whenever republish() fires (the kubelet registered us: a kubelet that
-    starts deletes its node's slices); started() once first published (or
-    first tried). On the way out, the pool is deleted."""
+    whenever the pool is lost (Pool.lose); started() once first published
+    (or first tried). On the way out, the pool is deleted."""
     name = plugin.resource.name
     backoff = Backoff(*RETRY)
     seen = -1
@@ -177,7 +186,7 @@ async def keep_published(
             snapshot = plugin.inventory.current
             seen = snapshot.version
             devices = build_devices(name, snapshot.devices)
-            wake = republish()
+            wake = pool.lost
             if devices != published:
                 try:
                     await pool.publish(devices)
@@ -201,7 +210,7 @@ async def keep_published(
             task_status.started()
             task_status = trio.TASK_STATUS_IGNORED
             if await _newer_or(plugin, seen, wake):
-                published = None  # the kubelet registered us: publish again
+                published = None  # lost: publish again
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(DELETE_TIMEOUT) as waited:
             try:

@@ -1,0 +1,230 @@
+"""powerdev as a DRA driver, end to end: `powerdev run` (a real process)
+with a resource that says "api": "dra", the kit's control plane (the real
+scheduler allocates the claim from powerdev's ResourceSlice) and the
+kubelet's own DRA manager and plugin manager (draharness). The CDI IDs the
+harness gets are resolved by the kit's CDI library (cdicheck) to exactly
+the allocated device node, with the configured uid, gid and mode. A daemon
+restart keeps what was prepared: its checkpoint answers the claim again,
+and a CDI spec that is gone (a reboot empties /var/run/cdi) is written
+again at start."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.devtools.cdicheck import inject
+from powerdev.devtools.draharness import DRAHarness
+from powerdev.devtools.kit import CDICHECK
+from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes, run_command
+from powerdev.dra.names import pool_name, slice_name
+from tests.conftest import require_tool, wait_for_file
+from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
+from tests.e2e.kubeapi import Api, container, pod
+
+pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
+
+RESOURCE = "powerdev.test/dra"
+LIMIT = 60
+UID, GID, MODE = 1000, 2000, 0o640
+
+
+@pytest.fixture
+def cdicheck() -> Path:
+    return require_tool(CDICHECK)
+
+
+@dataclass
+class Node:
+    name: str
+    driver: str
+    api: Api
+    harness: DRAHarness
+    cdi: Path
+    command: list[str]
+
+    @property
+    def namespace(self) -> str:
+        return self.name
+
+    async def pod_with_claim(self, name: str) -> dict:
+        """A claim for one device of the resource's class, and a pod using it
+        in container c0; the claim once the scheduler has bound the pod."""
+        claims = f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims"
+        request = {"name": "dev", "exactly": {"deviceClassName": self.name}}
+        await self.api.create(
+            claims,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": [request]}},
+            },
+        )
+        body = pod(
+            name,
+            container("c0", {"claims": [{"name": "dev"}]}),
+            resourceClaims=[{"name": "dev", "resourceClaimName": name}],
+            tolerations=[{"key": TAINT, "operator": "Equal", "value": self.name}],
+        )
+        await self.api.create_pod(self.namespace, body)
+        pods = f"/api/v1/namespaces/{self.namespace}/pods"
+        await self.api.wait_for(pods, name, lambda p: p["spec"].get("nodeName") == self.name)
+        return await self.api.get(f"{claims}/{name}")
+
+
+@contextlib.asynccontextmanager
+async def powerdev(node: Node) -> AsyncIterator[trio.Process]:
+    """`powerdev run`, registered with the harness; SIGTERM on the way out."""
+    proc = await trio.lowlevel.open_process(node.command)
+    try:
+        await node.harness.wait_driver(node.driver)
+        yield proc
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+        else:  # its registration socket is gone: the plugin manager lets it go
+            await node.harness.wait_gone(node.driver)
+
+
+@contextlib.asynccontextmanager
+async def dra_node(api: Api, plane, draharness: Path, tmp_path: Path) -> AsyncIterator[Node]:
+    """A Ready Node of our own (tainted for our pods only), its namespace,
+    the harness as its kubelet, a DeviceClass for the resource, a device
+    tree with one distinct character node, and the config."""
+    name = f"dra-{secrets.token_hex(3)}"
+    driver = f"{name}.powerdev.test"
+    created = await api.create_node(name)
+    taints = [t for t in created["spec"].get("taints") or [] if t["key"] != TAINT]
+    await api.merge_patch(
+        f"/api/v1/nodes/{name}",
+        {"spec": {"taints": [*taints, {"key": TAINT, "value": name, "effect": "NoSchedule"}]}},
+    )
+    await api.create_namespace(name)
+    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
+    await api.create(
+        f"{RESOURCE_API}/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": cel}}]},
+        },
+    )
+    dev = tmp_path / "dev"
+    make_nodes(dev, ["dra0"])
+    config = tmp_path / "config.json"
+    entry = {
+        "name": RESOURCE,
+        "api": "dra",
+        "include-devices": ["/dev/dra*"],
+        "permissions": "rw",
+        "device-uid": UID,
+        "device-gid": GID,
+        "device-mode": f"{MODE:04o}",
+    }
+    config.write_text(json.dumps({"resources": [entry]}))
+    registry, plugins, state = dirs(tmp_path)
+    cdi = tmp_path / "cdi"
+    command = run_command(
+        tmp_path / "device-plugins",
+        config,
+        dev,
+        "--uevents",
+        "off",
+        "--cdi-spec-dir",
+        str(cdi),
+        "--status-file",
+        str(tmp_path / "status.json"),
+        "--node-name",
+        name,
+        "--dra-driver",
+        driver,
+        "--kubeconfig",
+        str(plane.kubeconfig),
+        "--dra-plugins-dir",
+        str(plugins),
+        "--dra-registry-dir",
+        str(registry),
+    )
+    log = tmp_path / "draharness.log"
+    try:
+        async with DRAHarness.running(
+            draharness, log, node_name=name, kubeconfig=plane.kubeconfig
+        ) as harness:
+            await harness.start(registry, plugins, state)
+            await harness.wait_wipe(1)  # a starting kubelet deletes its node's slices
+            yield Node(name, driver, api, harness, cdi, command)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await api.delete(f"{RESOURCE_API}/deviceclasses/{name}")
+
+
+def nodes_of(resolved: dict) -> list[tuple]:
+    return sorted(
+        (d["path"], d["type"], d["major"], d["minor"], d["uid"], d["gid"], d["fileMode"])
+        for d in resolved["linuxDevices"]
+    )
+
+
+async def test_a_claim_is_allocated_prepared_resolved_kept_across_a_restart_and_unprepared(
+    api, control_plane, draharness, cdicheck, tmp_path
+):
+    with trio.fail_after(LIMIT):
+        async with dra_node(api, control_plane, draharness, tmp_path) as node:
+            minor = os.stat(tmp_path / "dev" / "dra0").st_rdev & 0xFF
+            async with powerdev(node):
+                claim = await node.pod_with_claim("p1")
+                uid = claim["metadata"]["uid"]
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                assert (result["driver"], result["pool"]) == (
+                    node.driver,
+                    pool_name(node.name, RESOURCE),
+                )
+                prepared = await node.harness.prepare(node.namespace, "p1")
+                cdi_id = f"{node.driver}/claim={uid}-{result['device']}"
+                assert prepared == {"c0": [cdi_id]}
+                resolved = inject(cdicheck, [node.cdi], prepared["c0"])
+                assert resolved["ok"], resolved
+                assert nodes_of(resolved) == [
+                    (str(Path("/dev/dra0")), "c", NODE_MAJOR, minor, UID, GID, MODE)
+                ]
+            # Stopped: its slices are gone, the claim's spec stays. A reboot
+            # empties /var/run/cdi: the next daemon writes it again at start.
+            spec = node.cdi / f"{node.driver}-{uid}.json"
+            assert spec.exists()
+            spec.unlink()
+            async with powerdev(node):
+                await wait_for_file(spec, lambda text: cdi_id.split("=")[1] in text)
+                assert inject(cdicheck, [node.cdi], [cdi_id])["ok"]
+                # A kubelet restart: the node's slices are wiped, the new
+                # plugin manager registers powerdev again, which publishes
+                # again; the next prepare asks the new daemon, which answers
+                # the claim it prepared before its restart.
+                await node.harness.restart()
+                await node.harness.wait_wipe(1)
+                await node.harness.wait_driver(node.driver)
+                slices = f"{RESOURCE_API}/resourceslices"
+                await node.api.wait_for(slices, slice_name(node.name, node.driver, RESOURCE, 0))
+                again = await node.harness.prepare(node.namespace, "p1")
+                assert set(again["c0"]) == {cdi_id}
+                await api.merge_patch(
+                    f"/api/v1/namespaces/{node.namespace}/pods/p1/status",
+                    {"status": {"phase": "Succeeded"}},
+                )
+                await node.harness.unprepare(node.namespace, "p1")
+                assert not spec.exists()
+                gone = inject(cdicheck, [node.cdi], [cdi_id])
+                assert not gone["ok"] and gone["unresolved"] == [cdi_id]
