@@ -231,7 +231,8 @@ def test_health_imports_neither_trio_nor_grpc(tmp_path):
 async def test_the_daemon_serving_imports_no_fake_kubelet(tmp_path):
     """RSS: `powerdev run`, registered and having answered an Allocate, has
     never imported `powerdev local`'s fake kubelet or the kubelet's side of
-    the API."""
+    the API; with no resource that says "api": "dra", nor lightkube and the
+    DRA driver's services."""
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"], target="/dev/null")
     config = tmp_path / "config.json"
     config.write_text('{"include-devices": ["/dev/dm-*"]}')
@@ -241,6 +242,11 @@ async def test_the_daemon_serving_imports_no_fake_kubelet(tmp_path):
         "powerdev.devtools.local",
         "powerdev.devtools.fake_kubelet",
         "powerdev.rpc.kubelet_side",
+        "powerdev.rpc.dra_service",
+        "powerdev.dra.kubeapi",
+        "powerdev.dra.claims",
+        "lightkube",
+        "httpx2",
     )
     script = (
         "import sys\n"

@@ -1,0 +1,254 @@
+"""DRA's pure parts and its claims' logic, with tables and fakes: device
+and driver names, what a pool publishes, generations and stale slices, the
+config's "api" field, and NodePrepare/NodeUnprepare (a per-claim error for
+each way a claim can be wrong, idempotence, one API read under concurrent
+calls, the checkpoint and the spec rewritten after a restart)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.lowlevel
+
+from powerdev.config import ConfigError, ResourceConfig, parse_config
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.names import MAX_LABEL, device_name, driver_problem, pool_name
+from powerdev.dra.slices import MAX_DEVICES_PER_SLICE, Pool, build_devices, build_slices
+from powerdev.resources.plugin import Plugin
+
+LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+@pytest.mark.parametrize(
+    ("unit_id", "expected"),
+    [
+        ("loop4", "loop4"),
+        ("char-120-0", "char-120-0"),
+        ("dm-uuid.mpath-3600a0b8", None),  # "." made "-": a hash appended
+        ("Serial.ABC", None),
+        ("x" * 64, None),  # too long: cut, and a hash
+        ("___", None),
+    ],
+)
+def test_device_names_are_dns_labels_and_stable(unit_id, expected):
+    import re
+
+    name = device_name(unit_id)
+    assert re.fullmatch(LABEL, name) and len(name) <= MAX_LABEL
+    assert name == device_name(unit_id)  # the same on every run
+    if expected is not None:
+        assert name == expected
+    else:
+        assert name != unit_id and re.search(r"-[0-9a-f]{8}$", name)
+
+
+def test_two_ids_made_alike_get_two_names():
+    assert device_name("a.b") != device_name("a_b")
+
+
+@pytest.mark.parametrize(
+    ("driver", "ok"),
+    [
+        ("dra.powerdev.io", True),
+        ("a", True),
+        ("Dra.io", False),
+        ("a_b.io", False),
+        ("a." * 130, False),
+    ],
+)
+def test_the_driver_name_is_a_dns_subdomain(driver, ok):
+    assert (driver_problem(driver) is None) is ok
+
+
+def dev(path, minor, *, healthy=True, identity=None, numa=None, kind="b", unit=None):
+    return Device(unit or path.rsplit("/", 1)[-1], path, kind, 8, minor, healthy, numa, identity)
+
+
+def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes():
+    devices = [
+        dev("/dev/dm-0", 0, identity="WWID=naa.600a", numa=1, unit="u1"),
+        dev("/dev/mapper/mpatha", 0, identity="WWID=naa.600a", numa=1, unit="u1"),
+        dev("/dev/sdb", 16, identity="ID_SERIAL=" + "S" * 65, unit="u2"),  # too long: left out
+        dev("/dev/sdc", 32, healthy=False, unit="u3"),
+        dev("/dev/" + "p" * 70, 48, kind="c", unit="u4"),  # a path over 64 characters
+    ]
+    published = {d["name"]: d["attributes"] for d in build_devices("example.com/lun", devices)}
+    assert set(published) == {"u1", "u2", "u4"}
+    assert published["u1"] == {
+        "resource": {"string": "example.com/lun"},
+        "kind": {"string": "block"},
+        "path": {"string": "/dev/dm-0"},  # the shortest name
+        "major": {"int": 8},
+        "minor": {"int": 0},
+        "wwid": {"string": "naa.600a"},
+        "numaNode": {"int": 1},
+    }
+    assert "serial" not in published["u2"]
+    assert "path" not in published["u4"] and published["u4"]["kind"] == {"string": "char"}
+
+
+@pytest.mark.parametrize(
+    ("count", "sizes"), [(0, [0]), (1, [1]), (128, [128]), (129, [128, 1]), (300, [128, 128, 44])]
+)
+def test_slices_hold_at_most_128_devices_and_say_how_many_there_are(count, sizes):
+    devices = [{"name": f"d{i}"} for i in range(count)]
+    slices = build_slices("dra.powerdev.io", "n1", "example.com/lun", devices, 7)
+    assert [len(s["spec"]["devices"]) for s in slices] == sizes
+    assert max(sizes) <= MAX_DEVICES_PER_SLICE
+    for s in slices:
+        assert s["spec"]["pool"] == {
+            "name": pool_name("n1", "example.com/lun"),
+            "generation": 7,
+            "resourceSliceCount": len(sizes),
+        }
+        assert s["spec"]["nodeName"] == "n1"
+    assert len({s["metadata"]["name"] for s in slices}) == len(sizes)
+
+
+class FakeSlices:
+    def __init__(self, found=()):
+        self.slices = {s["metadata"]["name"]: s for s in found}
+        self.deleted = []
+
+    async def pool_slices(self, driver, node, pool):
+        return [s for s in self.slices.values() if s["spec"]["pool"]["name"] == pool]
+
+    async def apply_slice(self, body):
+        self.slices[body["metadata"]["name"]] = body
+
+    async def delete_slice(self, name):
+        self.deleted.append(name)
+        self.slices.pop(name, None)
+
+
+async def test_a_pool_continues_the_generation_it_finds_and_drops_slices_it_no_longer_needs():
+    left = build_slices("d.io", "n1", "e.com/r", [{"name": f"x{i}"} for i in range(200)], 41)
+    api = FakeSlices(left)
+    pool = Pool(api, "d.io", "n1", "e.com/r")
+    await pool.publish([{"name": "x0"}])
+    assert pool.generation == 42
+    assert api.deleted == [left[1]["metadata"]["name"]]
+    assert [s["spec"]["pool"]["generation"] for s in api.slices.values()] == [42]
+    await pool.delete()
+    assert api.slices == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"api": "both"}, "'api': 'both' is not available yet"),
+        ({"api": "grpc"}, "'api': 'grpc' is not an API"),
+        ({"api": "dra", "upper-limit": 2}, "'upper-limit'"),
+        ({"api": "dra", "allocation": "all"}, "'allocation'"),
+        ({"api": "dra", "cdi": True}, "'cdi'"),
+        ({"device-uid": 5}, "'device-uid'"),  # still CDI-only for the device plugin API
+    ],
+)
+def test_the_api_field_refuses_what_dra_cannot_do(fields, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(json.dumps(fields), source="config.json")
+
+
+def test_a_dra_resource_hands_out_each_device_and_the_flat_form_is_unchanged():
+    (dra,) = parse_config('{"api": "dra", "device-uid": 5}', source="c").resources
+    assert (dra.api, dra.allocation, dra.device_uid, dra.dra) == ("dra", "each", 5, True)
+    (flat,) = parse_config("{}", source="c").resources
+    assert flat == ResourceConfig() and flat.api == "device-plugin"
+
+
+# --- claims ---------------------------------------------------------------
+
+DRIVER, NODE, RESOURCE = "dra.powerdev.io", "n1", "example.com/lun"
+POOL = pool_name(NODE, RESOURCE)
+
+
+class FakeClaims:
+    def __init__(self):
+        self.claims = {}
+        self.reads = 0
+
+    def allocate(self, name, uid, *devices, driver=DRIVER, pool=POOL):
+        results = [{"request": "r", "driver": driver, "pool": pool, "device": d} for d in devices]
+        self.claims[("ns", name)] = {
+            "metadata": {"uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}} if devices else {},
+        }
+
+    async def claim(self, namespace, name):
+        self.reads += 1
+        await trio.lowlevel.checkpoint()  # a real read yields: let concurrent calls meet
+        return self.claims.get((namespace, name))
+
+
+def make_claims(tmp_path, api, devices):
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each", device_gid=6)
+    plugin = Plugin(resource, Inventory(devices), refresh=None, spec=None)
+    return Claims(DRIVER, NODE, api, lambda: [plugin], tmp_path / "cdi", tmp_path / "state")
+
+
+DEVICES = [dev("/dev/sdb", 16, unit="u1"), dev("/dev/sdc", 32, healthy=False, unit="u2")]
+
+
+async def test_a_claim_is_prepared_once_answered_again_and_unprepared(tmp_path):
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    claims = make_claims(tmp_path, api, DEVICES)
+    ref = ClaimRef("ns", "c1", "uid-1")
+    async with trio.open_nursery() as nursery:  # concurrent calls: one read
+        for _ in range(3):
+            nursery.start_soon(claims.prepare, ref)
+    (prepared,) = await claims.prepare(ref)
+    assert api.reads == 1
+    assert prepared.cdi_ids == (f"{DRIVER}/claim=uid-1-u1",)
+    assert (prepared.pool, prepared.device, prepared.requests) == (POOL, "u1", ("r",))
+    spec = json.loads(claims.spec_path("uid-1").read_text())
+    assert spec["kind"] == f"{DRIVER}/claim"
+    (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert (node["path"], node["major"], node["minor"], node["gid"]) == ("/dev/sdb", 8, 16, 6)
+
+    # A restart after a reboot: the checkpoint answers, the spec is written again.
+    claims.spec_path("uid-1").unlink()
+    again = make_claims(tmp_path, api, DEVICES)
+    again.load()
+    assert claims.spec_path("uid-1").exists()
+    assert await again.prepare(ref) == [prepared]
+    assert api.reads == 1
+
+    await again.unprepare(ref)
+    await again.unprepare(ref)  # idempotent
+    assert not claims.spec_path("uid-1").exists()
+    assert json.loads(again.checkpoint_path.read_text())["claims"] == {}
+
+
+@pytest.mark.parametrize(
+    ("claim", "problem"),
+    [
+        (None, "does not exist"),
+        (("other-uid", "u1"), "has UID other-uid"),
+        (("uid-1",), "is not allocated"),
+        (("uid-1", "u2"), "not present, or not healthy"),
+        (("uid-1", "u9"), "not present, or not healthy"),
+    ],
+)
+async def test_each_wrong_claim_gets_its_own_error(tmp_path, claim, problem):
+    api = FakeClaims()
+    if claim is not None:
+        api.allocate("c1", *claim)
+    claims = make_claims(tmp_path, api, DEVICES)
+    with pytest.raises(PrepareError, match=problem):
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    assert not claims.spec_path("uid-1").exists()
+
+
+async def test_a_device_of_another_nodes_pool_is_refused_and_other_drivers_are_not_ours(tmp_path):
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1", pool=pool_name("n2", RESOURCE))
+    claims = make_claims(tmp_path, api, DEVICES)
+    with pytest.raises(PrepareError, match="not one of this node's"):
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    api.allocate("c2", "uid-2", "u1", driver="gpu.example.com")
+    assert await claims.prepare(ClaimRef("ns", "c2", "uid-2")) == []
