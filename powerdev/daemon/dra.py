@@ -19,6 +19,7 @@ import trio
 
 from powerdev.daemon.settings import DraSettings
 from powerdev.dra.slices import Pool
+from powerdev.ops.status import StatusFile
 from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
 
@@ -37,6 +38,7 @@ class DraDriver:
         plugins: Callable[[], Sequence[Plugin]],
         nursery: trio.Nursery,
         closing: contextlib.AsyncExitStack,
+        status: StatusFile | None = None,
     ) -> None:
         self._settings = settings
         self._cdi_dir = cdi_dir
@@ -46,6 +48,8 @@ class DraDriver:
         self._api: KubeApi | None = None
         self._starting = trio.Lock()
         self._pools: dict[str, Pool] = {}  # by resource name: published now
+        self._status = status or StatusFile(None)
+        self._kubelet_knows = False  # the kubelet has registered the driver
 
     def _dra_plugins(self) -> list[Plugin]:
         return [p for p in self._plugins() if p.resource.dra]
@@ -53,8 +57,19 @@ class DraDriver:
     def registered(self) -> None:
         """The kubelet registered the driver: every pool is published again
         (a kubelet that starts deletes its node's ResourceSlices)."""
+        self._kubelet_knows = True
         for pool in self._pools.values():
+            self._report(pool.resource_name)
             pool.lose()
+
+    def _report(self, name: str) -> None:
+        """The resource's state for `powerdev health` and /readyz: waiting
+        until the kubelet has registered the driver, then registered, with
+        the node service's socket."""
+        settings = self._settings
+        assert settings is not None
+        endpoint = settings.plugins_dir / settings.driver / "dra.sock"
+        self._status.set(name, "registered" if self._kubelet_knows else "waiting", endpoint)
 
     async def _watch_slices(self, api: KubeApi, settings: DraSettings) -> None:
         """A pool one of whose slices someone else deleted is published again."""
@@ -129,6 +144,7 @@ class DraDriver:
         api = await self._start()
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
         self._pools[plugin.resource.name] = pool
+        self._report(plugin.resource.name)
         try:
             await keep_published(plugin, pool, task_status=task_status)
         finally:

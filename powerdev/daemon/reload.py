@@ -171,8 +171,12 @@ class Reloader:
         wanted = {r.name: r for r in config.resources}
         for plugin in list(self.running.plugins):
             resource = wanted.get(plugin.resource.name)
-            if resource is None or resource.socket != plugin.resource.socket:
-                # A new socket: served anew below, with the same CDI spec.
+            if resource is None or (resource.socket, resource.api) != (
+                plugin.resource.socket,
+                plugin.resource.api,
+            ):
+                # A new socket, or the other API: served anew below, with the
+                # same CDI spec.
                 self.running.remove(plugin, coming_back=resource is not None)
         serving = {p.resource.name: p for p in self.running.plugins}
         for name, resource in wanted.items():

@@ -197,6 +197,7 @@ class Running:
             lambda: self.plugins,
             nursery,
             closing or contextlib.AsyncExitStack(),
+            self.status,
         )
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
@@ -306,19 +307,17 @@ class Running:
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
                 if plugin.resource.dra:  # ResourceSlices and claims instead of a socket
                     await resource.start(self.dra.publish, plugin)
-                    task_status.started()
-                    task_status = trio.TASK_STATUS_IGNORED
-                    await trio.sleep_forever()
-                resource.start_soon(self.specs.keep, plugin)
-                await resource.start(
-                    partial(
-                        serve_resource,
-                        self.settings.plugin_dir,
-                        plugin,
-                        self.status,
-                        inotify=self._inotify,
+                else:
+                    resource.start_soon(self.specs.keep, plugin)
+                    await resource.start(
+                        partial(
+                            serve_resource,
+                            self.settings.plugin_dir,
+                            plugin,
+                            self.status,
+                            inotify=self._inotify,
+                        )
                     )
-                )
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
         # Here only when a reload removed it (its scope cancelled), perhaps

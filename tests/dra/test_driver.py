@@ -186,6 +186,11 @@ async def test_a_claim_is_allocated_prepared_resolved_kept_across_a_restart_and_
         async with dra_node(api, control_plane, draharness, tmp_path) as node:
             minor = os.stat(tmp_path / "dev" / "dra0").st_rdev & 0xFF
             async with powerdev(node):
+                # `powerdev health --ready` and /readyz: registered by the kubelet.
+                status = await wait_for_file(
+                    tmp_path / "status.json", lambda text: '"registered"' in text
+                )
+                assert json.loads(status)["resources"][RESOURCE]["socket"].endswith("/dra.sock")
                 claim = await node.pod_with_claim("p1")
                 uid = claim["metadata"]["uid"]
                 (result,) = claim["status"]["allocation"]["devices"]["results"]

@@ -94,6 +94,22 @@ def test_bad_json_and_bad_resource_name(tmp_path):
     assert "--resource-name: 'nodomain': an extended resource name needs a domain" in done.stderr
 
 
+def test_a_dra_resource_needs_the_node_name_and_the_both_api_is_not_there_yet(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    (tmp_path / "config.json").write_text('{"api": "dra"}')
+    args = ("run", "--plugin-dir", str(tmp_path / "dp"), "--config", str(tmp_path / "config.json"))
+    done = run_powerdev(*args, env=env)
+    assert done.returncode == 2
+    assert done.stderr.startswith("powerdev: bad config: --node-name: is needed by ")
+    assert "NODE_NAME" in done.stderr
+    done = run_powerdev(*args, "--dra-driver", "Not_A_Domain", env={**env, "NODE_NAME": "n1"})
+    assert done.returncode == 2 and "--dra-driver: 'Not_A_Domain' is not a DNS" in done.stderr
+    (tmp_path / "config.json").write_text('{"api": "both"}')
+    done = run_powerdev(*args, env={**env, "NODE_NAME": "n1"})
+    assert done.returncode == 2 and "field 'api': 'both' is not available yet" in done.stderr
+    assert not (tmp_path / "dp").exists()
+
+
 def test_options_come_from_the_environment_too(tmp_path):
     env = {**os.environ, "POWERDEV_CONFIG": str(tmp_path / "config.json")}
     (tmp_path / "config.json").write_text('{"upper-limit": "many"}')
