@@ -113,11 +113,13 @@ class Claims:
             ]
 
     async def unprepare(self, claim: ClaimRef) -> None:
-        async with self._lock(claim.uid):
+        lock = self._lock(claim.uid)
+        async with lock:
             self.spec_path(claim.uid).unlink(missing_ok=True)
             if self._held.pop(claim.uid, None) is not None:
                 self._save()
-        self._locks.pop(claim.uid, None)
+        if not lock.locked() and not lock.statistics().tasks_waiting:
+            self._locks.pop(claim.uid, None)  # nobody holds or waits for it
 
     def _lock(self, uid: str) -> trio.Lock:
         return self._locks.setdefault(uid, trio.Lock())
