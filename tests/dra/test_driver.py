@@ -56,29 +56,39 @@ class Node:
     def namespace(self) -> str:
         return self.name
 
-    async def pod_with_claim(self, name: str) -> dict:
-        """A claim for one device of the resource's class, and a pod using it
+    def claim_spec(self, count: int = 1) -> dict:
+        request = {"name": "dev", "exactly": {"deviceClassName": self.name, "count": count}}
+        return {"devices": {"requests": [request]}}
+
+    async def pod_using(self, name: str, source: dict) -> None:
+        """A pod whose container c0 uses claim "dev" from `source`."""
+        body = pod(
+            name,
+            container("c0", {"claims": [{"name": "dev"}]}),
+            resourceClaims=[{"name": "dev", **source}],
+            tolerations=[{"key": TAINT, "operator": "Equal", "value": self.name}],
+        )
+        await self.api.create_pod(self.namespace, body)
+
+    async def bound(self, name: str) -> dict:
+        pods = f"/api/v1/namespaces/{self.namespace}/pods"
+        return await self.api.wait_for(pods, name, lambda p: p["spec"].get("nodeName") == self.name)
+
+    async def pod_with_claim(self, name: str, count: int = 1) -> dict:
+        """A claim for devices of the resource's class, and a pod using it
         in container c0; the claim once the scheduler has bound the pod."""
         claims = f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims"
-        request = {"name": "dev", "exactly": {"deviceClassName": self.name}}
         await self.api.create(
             claims,
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name},
-                "spec": {"devices": {"requests": [request]}},
+                "spec": self.claim_spec(count),
             },
         )
-        body = pod(
-            name,
-            container("c0", {"claims": [{"name": "dev"}]}),
-            resourceClaims=[{"name": "dev", "resourceClaimName": name}],
-            tolerations=[{"key": TAINT, "operator": "Equal", "value": self.name}],
-        )
-        await self.api.create_pod(self.namespace, body)
-        pods = f"/api/v1/namespaces/{self.namespace}/pods"
-        await self.api.wait_for(pods, name, lambda p: p["spec"].get("nodeName") == self.name)
+        await self.pod_using(name, {"resourceClaimName": name})
+        await self.bound(name)
         return await self.api.get(f"{claims}/{name}")
 
 
@@ -100,7 +110,9 @@ async def powerdev(node: Node) -> AsyncIterator[trio.Process]:
 
 
 @contextlib.asynccontextmanager
-async def dra_node(api: Api, plane, draharness: Path, tmp_path: Path) -> AsyncIterator[Node]:
+async def dra_node(
+    api: Api, plane, draharness: Path, tmp_path: Path, devices: tuple[str, ...] = ("dra0",)
+) -> AsyncIterator[Node]:
     """A Ready Node of our own (tainted for our pods only), its namespace,
     the harness as its kubelet, a DeviceClass for the resource, a device
     tree with one distinct character node, and the config."""
@@ -124,7 +136,7 @@ async def dra_node(api: Api, plane, draharness: Path, tmp_path: Path) -> AsyncIt
         },
     )
     dev = tmp_path / "dev"
-    make_nodes(dev, ["dra0"])
+    make_nodes(dev, list(devices))
     config = tmp_path / "config.json"
     entry = {
         "name": RESOURCE,
@@ -233,3 +245,60 @@ async def test_a_claim_is_allocated_prepared_resolved_kept_across_a_restart_and_
                 assert not spec.exists()
                 gone = inject(cdicheck, [node.cdi], [cdi_id])
                 assert not gone["ok"] and gone["unresolved"] == [cdi_id]
+
+
+async def test_templates_distinct_devices_and_a_claim_for_more_than_there_is(
+    api, control_plane, draharness, cdicheck, tmp_path
+):
+    """Two devices: a claim from a template and a direct claim get one each,
+    never the same, and each resolves to its own node; a claim for three
+    stays unschedulable."""
+    with trio.fail_after(LIMIT):
+        async with (
+            dra_node(api, control_plane, draharness, tmp_path, ("dra0", "dra1")) as node,
+            powerdev(node),
+        ):
+            await api.create(
+                f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaimtemplates",
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "one"},
+                    "spec": {"spec": node.claim_spec()},
+                },
+            )
+            await node.pod_using("t1", {"resourceClaimTemplateName": "one"})
+            await node.bound("t1")
+            await node.pod_with_claim("p2")
+            resolved = []
+            for name in ("t1", "p2"):
+                (ids,) = (await node.harness.prepare(node.namespace, name)).values()
+                answer = inject(cdicheck, [node.cdi], ids)
+                assert answer["ok"], answer
+                resolved.extend(d["path"] for d in answer["linuxDevices"])
+            assert sorted(resolved) == ["/dev/dra0", "/dev/dra1"]
+
+            await api.create(
+                f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims",
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": "three"},
+                    "spec": node.claim_spec(3),
+                },
+            )
+            await node.pod_using("too-many", {"resourceClaimName": "three"})
+
+            def unschedulable(p: dict) -> bool:
+                return any(
+                    c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                    for c in p["status"].get("conditions", [])
+                )
+
+            pods = f"/api/v1/namespaces/{node.namespace}/pods"
+            pending = await api.wait_for(pods, "too-many", unschedulable)
+            assert "nodeName" not in pending["spec"]
+            (scheduled,) = [
+                c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled"
+            ]
+            assert "cannot allocate all claims" in scheduled["message"]
