@@ -252,3 +252,54 @@ async def test_a_device_of_another_nodes_pool_is_refused_and_other_drivers_are_n
         await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
     api.allocate("c2", "uid-2", "u1", driver="gpu.example.com")
     assert await claims.prepare(ClaimRef("ns", "c2", "uid-2")) == []
+
+
+class FlakySlices(FakeSlices):
+    """Refuses the first `failures` applies, as an API server that is away."""
+
+    def __init__(self, failures):
+        super().__init__()
+        self.failures = failures
+        self.applied = trio.Event()
+
+    async def apply_slice(self, body):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("connection refused")
+        await super().apply_slice(body)
+        self.applied.set()
+        self.applied = trio.Event()
+
+
+async def test_publishing_outlasts_an_api_server_away_follows_changes_and_deletes_at_the_end(
+    autojump_clock,
+):
+    from powerdev.dra.slices import keep_published
+
+    api = FlakySlices(failures=3)
+    inventory = Inventory([dev("/dev/sdb", 16, unit="u1")])
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    plugin = Plugin(resource, inventory, refresh=None, spec=None)
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, plugin, pool)  # started at the first try
+            while not api.slices:
+                await api.applied.wait()
+            # Each try is a generation of its own: one half-published is superseded.
+            assert api.failures == 0 and pool.generation == 4
+            (only,) = api.slices.values()
+            assert [d["name"] for d in only["spec"]["devices"]] == ["u1"]
+
+            inventory.update({"/dev/sdc": dev("/dev/sdc", 32, unit="u2")})
+            await api.applied.wait()
+            (only,) = api.slices.values()
+            assert [d["name"] for d in only["spec"]["devices"]] == ["u1", "u2"]
+            assert only["spec"]["pool"]["generation"] == 5
+
+            api.slices.clear()  # a starting kubelet wipes the node's slices
+            pool.lose()
+            await api.applied.wait()
+            assert pool.generation == 6 and len(api.slices) == 1
+            nursery.cancel_scope.cancel()
+    assert api.slices == {}  # deleted on the way out
