@@ -7,6 +7,7 @@ stops."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import stat
@@ -33,8 +34,6 @@ LIMIT = 20
 
 
 def dra_config(**fields: object) -> str:
-    import json
-
     entry = {"name": RESOURCE, "api": "dra", "include-devices": ["/dev/dra*", "/dev/lun*"]}
     return json.dumps({"resources": [{**entry, **fields}]})
 
@@ -145,3 +144,31 @@ async def test_200_devices_make_two_slices_of_one_generation(api, control_plane,
             assert len({s["spec"]["pool"]["generation"] for s in found}) == 1
             pool = await api.get(SLICES, fieldSelector=f"spec.nodeName={node}")
             assert len(pool["items"]) == 2
+
+
+async def test_a_resource_that_leaves_the_config_takes_its_pool_with_it(
+    api, control_plane, tmp_path
+):
+    dev = tmp_path / "dev"
+    make_nodes(dev, ["dra0", "drb0"])
+    other = "powerdev.test/drb"
+    both = {
+        "resources": [
+            {"name": RESOURCE, "api": "dra", "include-devices": ["/dev/dra*"]},
+            {"name": other, "api": "dra", "include-devices": ["/dev/drb*"]},
+        ]
+    }
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(both))
+    with trio.fail_after(LIMIT):
+        async with publishing(
+            tmp_path, control_plane, dev, config.read_text(), config_path=config
+        ) as (node, driver):
+            kept = slice_name(node, driver, RESOURCE, 0)
+            gone = slice_name(node, driver, other, 0)
+            await api.wait_for(SLICES, kept)
+            await api.wait_for(SLICES, gone)
+            config.write_text(json.dumps({"resources": both["resources"][:1]}))
+            await api.wait_gone(SLICES, gone)
+            item = await api.get(f"{SLICES}/{kept}")
+            assert paths(item) == ["/dev/dra0"]
