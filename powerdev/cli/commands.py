@@ -107,6 +107,10 @@ def _dra_settings(args: argparse.Namespace, config: Config) -> object:
             f'is needed by {dra[0]} ("api": "dra"): its ResourceSlices name this node',
             "set NODE_NAME from the downward API (fieldRef spec.nodeName), or pass --node-name",
         )
+    if dra:
+        problem = _dra_problem(args)
+        if problem is not None:
+            return problem
     return DraSettings(
         node_name=args.node_name,
         driver=args.dra_driver,
@@ -114,6 +118,35 @@ def _dra_settings(args: argparse.Namespace, config: Config) -> object:
         plugins_dir=args.dra_plugins_dir,
         registry_dir=args.dra_registry_dir,
     )
+
+
+def _dra_problem(args: argparse.Namespace) -> ConfigError | None:
+    """What would stop the DRA driver serving: a socket path too long to
+    bind, or no way to reach the API server."""
+    from powerdev.config import socket_path_problem
+
+    driver = args.dra_driver
+    for option, where, name in (
+        ("--dra-registry-dir", args.dra_registry_dir, f"{driver}-reg.sock"),
+        ("--dra-plugins-dir", args.dra_plugins_dir, f"{driver}/dra.sock"),
+    ):
+        problem = socket_path_problem(where, name)
+        if problem:
+            return ConfigError(
+                option, None, problem, f"use a shorter {option}, or a shorter --dra-driver"
+            )
+    from powerdev.dra import kubeapi  # lightkube: only when a resource says "dra"
+
+    problem = kubeapi.config_problem(args.kubeconfig)
+    if problem:
+        return ConfigError(
+            "--kubeconfig",
+            None,
+            problem,
+            "pass a kubeconfig that can be read, or run in a pod whose service account "
+            "token is mounted, without --kubeconfig",
+        )
+    return None
 
 
 def local(args: argparse.Namespace) -> int:

@@ -18,10 +18,25 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 FIELD_MANAGER = "powerdev"
 
 
+def config_problem(kubeconfig: Path | None) -> str | None:
+    """Why the API server's address and credentials cannot be read, or None."""
+    try:
+        _config(kubeconfig)
+    except Exception as err:  # lightkube's own, or the file system's
+        where = kubeconfig or "the pod's service account"
+        return f"{where} cannot be used ({type(err).__name__}: {err})"
+    return None
+
+
+def _config(kubeconfig: Path | None) -> KubeConfig:
+    if kubeconfig is not None:
+        return KubeConfig.from_file(kubeconfig)
+    return KubeConfig.from_service_account()
+
+
 def client(kubeconfig: Path | None) -> AsyncClient:
     """A client from the kubeconfig file, or the pod's service account."""
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
-    return AsyncClient(config, field_manager=FIELD_MANAGER)
+    return AsyncClient(_config(kubeconfig), field_manager=FIELD_MANAGER)
 
 
 class KubeApi:

@@ -104,6 +104,13 @@ def test_a_dra_resource_needs_the_node_name_and_the_both_api_is_not_there_yet(tm
     assert "NODE_NAME" in done.stderr
     done = run_powerdev(*args, "--dra-driver", "Not_A_Domain", env={**env, "NODE_NAME": "n1"})
     assert done.returncode == 2 and "--dra-driver: 'Not_A_Domain' is not a DNS" in done.stderr
+    missing = str(tmp_path / "no-kubeconfig")
+    done = run_powerdev(*args, "--kubeconfig", missing, env={**env, "NODE_NAME": "n1"})
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"powerdev: bad config: --kubeconfig: {missing} cannot be used")
+    deep = str(tmp_path / ("d" * 100))
+    done = run_powerdev(*args, "--dra-registry-dir", deep, env={**env, "NODE_NAME": "n1"})
+    assert done.returncode == 2 and "--dra-registry-dir: the socket path" in done.stderr
     (tmp_path / "config.json").write_text('{"api": "both"}')
     done = run_powerdev(*args, env={**env, "NODE_NAME": "n1"})
     assert done.returncode == 2 and "field 'api': 'both' is not available yet" in done.stderr
