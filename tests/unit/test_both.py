@@ -1,4 +1,4 @@
-""""api": "both": one device, one holder across the device plugin API and
+"""The "api": "both" mode: one device, one holder across the device plugin API and
 DRA. A unit prepared for a claim is Unhealthy on the device plugin side and
 refused by Allocate; a unit Allocate handed out leaves what DRA offers and
 is refused by prepare, until the kubelet (asked after the grant) says no pod
@@ -92,9 +92,7 @@ async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepar
     plugin.allocate([["u1"]])
 
 
-async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_it(
-    tmp_path, clock
-):
+async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_it(tmp_path, clock):
     plugin, claims = both(tmp_path)
     assert offered(plugin) == []  # before the kubelet has said what pods hold
     with pytest.raises(PrepareError, match="has not said yet"):
