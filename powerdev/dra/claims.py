@@ -236,7 +236,7 @@ def _unit(plugin: Plugin, name: str) -> tuple[str, list[Any]] | str:
                 )
             if unit_id in held:
                 return (
-                    "is held by a pod through the device plugin API (\"api\": \"both\"): "
+                    'is held by a pod through the device plugin API ("api": "both"): '
                     "it is prepared once the kubelet says no pod holds it"
                 )
         return unit_id, names

@@ -113,8 +113,7 @@ class Plugin:
             )
             if self._claimed and self.resource.both:
                 self._units = tuple(
-                    Unit(u.id, False, u.numa) if u.id in self._claimed else u
-                    for u in self._units
+                    Unit(u.id, False, u.numa) if u.id in self._claimed else u for u in self._units
                 )
             self._units_by_id = {u.id: u for u in self._units}
             self._units_key = key
