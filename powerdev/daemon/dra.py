@@ -20,6 +20,7 @@ import trio
 from powerdev.daemon.settings import DraSettings
 from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
+from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
 
@@ -46,6 +47,7 @@ class DraDriver:
         nursery: trio.Nursery,
         closing: contextlib.AsyncExitStack,
         status: StatusFile | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self._settings = settings
         self._cdi_dir = cdi_dir
@@ -56,6 +58,7 @@ class DraDriver:
         self._starting = trio.Lock()
         self._pools: dict[str, Pool] = {}  # by resource name: published now
         self._status = status or StatusFile(None)
+        self._ledger = ledger
         self._kubelet_knows = False  # the kubelet has registered the driver
         self._claims: Claims | None = None
 
@@ -122,6 +125,7 @@ class DraDriver:
                 plugins=self._dra_plugins,
                 cdi_dir=self._cdi_dir,
                 state_dir=settings.plugins_dir / settings.driver,
+                ledger=self._ledger,
             )
             claims.load()
             self._claims = claims

@@ -190,7 +190,7 @@ class Running:
             settings.cdi_spec_dir, self.pods.held_ids, settings.cdi_recheck_interval, nursery
         )
         self._applied = trio.Event()
-        self.ledger = Ledger()  # one device, one holder, across the resources
+        self.ledger = Ledger()  # one device, one holder, across the resources and APIs
         self.dra = DraDriver(
             settings.dra,
             settings.cdi_spec_dir,
@@ -198,6 +198,7 @@ class Running:
             nursery,
             closing or contextlib.AsyncExitStack(),
             self.status,
+            self.ledger,
         )
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:

@@ -17,7 +17,9 @@ checkpoint): every spec in the checkpoint is rewritten at start.
 With "api": "both", a device that pods hold through the device plugin API
 is not prepared (a per-claim error; the kubelet tries again), and every
 resource is told which of its units claims hold (Plugin.claimed), so that
-its device plugin side withholds them.
+its device plugin side withholds them. The node-wide ledger is told too
+(resources/ownership.py): a device a claim holds stays Unhealthy under any
+resource that lists it through the device plugin API, until unprepared.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import trio
 from powerdev.dra.names import device_name, pool_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
+from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class Claims:
     plugins: Callable[[], Sequence[Plugin]]  # the DRA resources served now
     cdi_dir: Path
     state_dir: Path  # <plugins dir>/<driver>: the checkpoint
+    ledger: Ledger | None = None  # the node-wide one: who holds which device
     _held: dict[str, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
 
@@ -102,6 +106,7 @@ class Claims:
             self._held = {}
         for uid, held in self._held.items():
             self._ensure_spec(uid, held)
+            self._tell_ledger(held, prepared=True)
 
     async def prepare(self, claim: ClaimRef) -> list[Prepared]:
         async with self._lock(claim.uid):
@@ -109,6 +114,7 @@ class Claims:
             if held is None:
                 held = await self._prepare_anew(claim)
                 self._held[claim.uid] = held  # no await from the checks to here
+                self._tell_ledger(held, prepared=True)
                 self._tell_plugins()
                 self._save()
             else:
@@ -122,7 +128,9 @@ class Claims:
         lock = self._lock(claim.uid)
         async with lock:
             self.spec_path(claim.uid).unlink(missing_ok=True)
-            if self._held.pop(claim.uid, None) is not None:
+            held = self._held.pop(claim.uid, None)
+            if held is not None:
+                self._tell_ledger(held, prepared=False)
                 self._tell_plugins()
                 self._save()
         if not lock.locked() and not lock.statistics().tasks_waiting:
@@ -176,7 +184,9 @@ class Claims:
                     "requests": [result["request"]],
                     "pool": result["pool"],
                     "device": result["device"],
+                    "resource": plugin.resource.name,
                     "unit": unit_id,
+                    "keys": sorted({(d.kind, d.major, d.minor) for d in names}),
                     "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],
                 }
             )
@@ -198,6 +208,17 @@ class Claims:
             for d in held["devices"]
             if d["pool"] == pool and "unit" in d
         )
+
+    def _tell_ledger(self, held: dict[str, Any], *, prepared: bool) -> None:
+        if self.ledger is None:
+            return
+        for d in held["devices"]:
+            if "unit" in d:
+                keys = [(kind, major, minor) for kind, major, minor in d["keys"]]
+                if prepared:
+                    self.ledger.claimed(d["resource"], d["unit"], keys)
+                else:
+                    self.ledger.unclaimed(d["resource"], d["unit"], keys)
 
     def _tell_plugins(self) -> None:
         for plugin in self.plugins():

@@ -17,6 +17,7 @@ from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.names import pool_name
 from powerdev.resources.allocation import AllocationRefused
+from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import GRANT_SETTLES, Plugin
 
 DRIVER, NODE, RESOURCE = "dra.powerdev.io", "n1", "example.com/lun"
@@ -51,7 +52,9 @@ def both(tmp_path, api: str = "both") -> tuple[Plugin, Claims]:
     plugin = Plugin(
         resource, Inventory([device("u1", 16), device("u2", 32)]), refresh=None, spec=None
     )
-    claims = Claims(DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state")
+    claims = Claims(
+        DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state", Ledger()
+    )
     return plugin, claims
 
 
@@ -87,8 +90,15 @@ async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepar
     again.tell(again_plugin)
     assert health(again_plugin) == {"u1": False, "u2": True}
 
+    # The ledger knows too: under the device plugin API alone (a reload that
+    # changed "api") the device waits until the claim is unprepared.
+    moved = ResourceConfig(name=RESOURCE, allocation="each")
+    u1 = plugin.inventory.current.devices[0]
+    assert not claims.ledger.rule(moved, u1, listed=True).healthy
+
     await claims.unprepare(ref)
     assert health(plugin) == {"u1": True, "u2": True}
+    assert claims.ledger.rule(moved, u1, listed=True) == u1
     plugin.allocate([["u1"]])
 
 
