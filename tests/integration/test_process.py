@@ -94,7 +94,7 @@ def test_bad_json_and_bad_resource_name(tmp_path):
     assert "--resource-name: 'nodomain': an extended resource name needs a domain" in done.stderr
 
 
-def test_a_dra_resource_needs_the_node_name_and_the_both_api_is_not_there_yet(tmp_path):
+def test_a_dra_resource_needs_the_node_name_and_a_both_resource_cdi_for_device_fields(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
     (tmp_path / "config.json").write_text('{"api": "dra"}')
     args = ("run", "--plugin-dir", str(tmp_path / "dp"), "--config", str(tmp_path / "config.json"))
@@ -112,8 +112,12 @@ def test_a_dra_resource_needs_the_node_name_and_the_both_api_is_not_there_yet(tm
     done = run_powerdev(*args, "--dra-registry-dir", deep, env={**env, "NODE_NAME": "n1"})
     assert done.returncode == 2 and "--dra-registry-dir: the socket path" in done.stderr
     (tmp_path / "config.json").write_text('{"api": "both"}')
+    done = run_powerdev(*args, env=env)
+    assert done.returncode == 2 and "--node-name: is needed by " in done.stderr
+    (tmp_path / "config.json").write_text('{"api": "both", "device-gid": 6}')
     done = run_powerdev(*args, env={**env, "NODE_NAME": "n1"})
-    assert done.returncode == 2 and "field 'api': 'both' is not available yet" in done.stderr
+    assert done.returncode == 2 and "field 'device-gid'" in done.stderr
+    assert 'set "cdi": true' in done.stderr  # so both APIs give the same gid
     assert not (tmp_path / "dp").exists()
 
 
