@@ -11,6 +11,7 @@ import json
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
@@ -303,3 +304,116 @@ async def test_publishing_outlasts_an_api_server_away_follows_changes_and_delete
             assert pool.generation == 6 and len(api.slices) == 1
             nursery.cancel_scope.cancel()
     assert api.slices == {}  # deleted on the way out
+
+
+# --- the prepared devices' health (dra/health.py) ---------------------------------------
+
+SDB = ("/dev/sdb", "b", 8, 16)
+MAPPER = ("/dev/mapper/b", "b", 8, 16)
+
+
+def health_of(nodes, listed, *, served=True):
+    from powerdev.dra.health import assess
+
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    plugin = Plugin(resource, Inventory(listed), refresh=None, spec=None)
+    found = assess(POOL, "u1", nodes, plugin if served else None)
+    return found.health, found.message
+
+
+@pytest.mark.parametrize(
+    ("nodes", "listed", "health", "why"),
+    [
+        ((SDB,), [dev("/dev/sdb", 16, unit="u1")], "Healthy", ""),
+        ((SDB,), [], "Unhealthy", "gone: /dev/sdb no longer on the host"),
+        ((SDB,), [dev("/dev/sdb", 17, unit="u1")], "Unhealthy", "now another device (8:17)"),
+        ((SDB,), [dev("/dev/sdb", 16, unit="u1", healthy=False)], "Unhealthy", "used by the host"),
+        # one of its names gone, the device still there under the other: Healthy
+        ((SDB, MAPPER), [dev("/dev/sdb", 16, unit="u1")], "Healthy", ""),
+        # a name still there but unhealthy spoils it
+        (
+            (SDB, MAPPER),
+            [dev("/dev/sdb", 16, unit="u1"), dev("/dev/mapper/b", 16, unit="u1", healthy=False)],
+            "Unhealthy",
+            "/dev/mapper/b not usable now",
+        ),
+        ((), [], "Unhealthy", "it has no node"),
+    ],
+)
+def test_a_prepared_device_is_healthy_while_listed_as_itself_and_healthy(
+    nodes, listed, health, why
+):
+    found, message = health_of(nodes, listed)
+    assert found == health
+    assert why in message
+
+
+def test_a_device_of_a_resource_no_longer_served_is_unknown():
+    assert health_of((SDB,), [], served=False) == (
+        "Unknown",
+        "its resource is no longer served here",
+    )
+
+
+async def test_the_prepared_devices_are_read_from_the_claims(tmp_path):
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    claims = make_claims(tmp_path, api, DEVICES)
+    assert claims.prepared_devices() == []
+    await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    assert claims.prepared_devices() == [(POOL, "u1", (SDB,))]
+    again = make_claims(tmp_path, api, DEVICES)  # from the checkpoint, after a restart
+    again.load()
+    assert again.prepared_devices() == [(POOL, "u1", (SDB,))]
+
+
+async def test_each_stream_gets_the_list_at_once_then_changes_and_again_every_resend(
+    tmp_path, autojump_clock
+):
+    from powerdev.dra.health import RESEND, HealthWatch
+
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    claims = make_claims(tmp_path, api, DEVICES)
+    (plugin,) = claims.plugins()
+    watch = HealthWatch(claims.prepared_devices, claims.plugins, NODE)
+    with trio.fail_after(100):
+        first = await watch.next_report(None)  # at once, even empty
+        assert first.devices == ()
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+        watch.claims_changed()
+        began = trio.current_time()
+        healthy = await watch.next_report(first)
+        assert trio.current_time() == began  # woken by the claim, not the timer
+        assert [(d.device, d.health) for d in healthy.devices] == [("u1", "Healthy")]
+
+        # Two streams, each on its own: a change that leaves the list as it
+        # was wakes them, and they wait on; the removal is sent at once.
+        got = {}
+
+        async def stream(name):
+            got[name] = await watch.next_report(healthy)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream, "a")
+            nursery.start_soon(stream, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            plugin.inventory.update({"/dev/sdd": dev("/dev/sdd", 48, unit="u4")})
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == {}
+            plugin.inventory.update({"/dev/sdb": None})
+        assert trio.current_time() == began
+        for report in got.values():
+            ((device, health, message),) = [(d.device, d.health, d.message) for d in report.devices]
+            assert (device, health) == ("u1", "Unhealthy")
+            assert "/dev/sdb no longer on the host" in message
+
+        # Nothing changes: the same list again after RESEND seconds.
+        again = await watch.next_report(got["a"])
+        assert trio.current_time() == began + RESEND
+        assert again.devices == got["a"].devices
+
+        await claims.unprepare(ClaimRef("ns", "c1", "uid-1"))
+        watch.claims_changed()
+        assert (await watch.next_report(again)).devices == ()
+        assert trio.current_time() == began + RESEND
