@@ -417,3 +417,93 @@ async def test_each_stream_gets_the_list_at_once_then_changes_and_again_every_re
         watch.claims_changed()
         assert (await watch.next_report(again)).devices == ()
         assert trio.current_time() == began + RESEND
+
+
+# --- size, vendor and model (devices/identity.py block_facts; slices) -------------------
+
+
+def test_a_block_device_publishes_its_size_as_capacity_and_its_vendor_and_model():
+    from powerdev.devices.model import BlockFacts
+
+    def described(unit, minor, facts):
+        return Device(unit, f"/dev/{unit}", "b", 8, minor, facts=facts)
+
+    devices = [
+        described("u1", 0, BlockFacts(1 << 30, "IBM", "2145")),
+        described("u2", 16, BlockFacts(0, None, "M" * 65)),  # a model too long: left out
+        described("u3", 32, None),  # no facts (not asked for, or sysfs does not know it)
+    ]
+    published = {d["name"]: d for d in build_devices(RESOURCE, devices)}
+    assert published["u1"]["capacity"] == {"size": {"value": "1073741824"}}
+    assert published["u1"]["attributes"]["vendor"] == {"string": "IBM"}
+    assert published["u1"]["attributes"]["model"] == {"string": "2145"}
+    assert published["u2"]["capacity"] == {"size": {"value": "0"}}
+    assert not {"vendor", "model"} & set(published["u2"]["attributes"])
+    assert "capacity" not in published["u3"]
+
+
+def block_tree(tmp_path):
+    """A SCSI disk sda (and sda1), an NVMe namespace, a multipath map over
+    two SCSI paths and a partition of it, an LVM volume, a virtio disk."""
+    from tests.unit.test_identity import NVME, SCSI_DEV, VDA, FakeSys, scsi_disk
+
+    tree = FakeSys(tmp_path / "sys")
+    scsi_disk(tree)
+    tree.link(f"{SCSI_DEV}/subsystem", "../../../../../../bus/scsi")
+    tree.file(f"{SCSI_DEV}/vendor", "IBM     \n")
+    tree.file(f"{SCSI_DEV}/model", "2145            \n")
+    tree.file("pci0000:00/0000:00:1f.2/host0/target0:0:0/0:0:0:0/block/sda/size", "2097152\n")
+    tree.file(f"{NVME}/model", "Samsung SSD 970 EVO Plus 1TB            \n")
+    tree.link(f"{NVME}/subsystem", "../../../../../../class/nvme")
+    tree.device(f"{NVME}/nvme0n1", (259, 0), uevent={"DEVTYPE": "disk"}, files={"size": "8\n"})
+    tree.link(f"{NVME}/nvme0n1/device", "..")
+    for host, sd, minor, vendor in (
+        ("host1", "sdb", 16, "NETAPP  "),
+        ("host2", "sdc", 32, "\x01?"),
+    ):
+        scsi = f"pci0000:00/0000:00:1f.3/{host}/target1:0:0/1:0:0:0"
+        tree.device(f"{scsi}/block/{sd}", (8, minor), uevent={"DEVTYPE": "disk"})
+        tree.link(f"{scsi}/block/{sd}/device", "../../../1:0:0:0")
+        tree.link(f"{scsi}/subsystem", "../../../../../../bus/scsi")
+        tree.file(f"{scsi}/vendor", vendor + "\n")
+        tree.file(f"{scsi}/model", "LUN C-Mode\n")
+    maps = (
+        ("dm-3", 3, "mpath-3600a098038303053453f463045727a", ("sdb", "sdc")),
+        ("dm-4", 4, "part1-mpath-3600a098038303053453f463045727a", ("dm-3",)),
+        ("dm-5", 5, "LVM-Xy12", ("sdb",)),
+    )
+    for name, minor, uuid, slaves in maps:
+        made = tree.device(f"virtual/block/{name}", (253, minor), files={"dm/uuid": uuid + "\n"})
+        (made / "slaves").mkdir()
+        for slave in slaves:
+            where = tree.root / "dev" / "block"
+            target = {"sdb": "8:16", "sdc": "8:32", "dm-3": "253:3"}[slave]
+            tree.link(f"virtual/block/{name}/slaves/{slave}", str((where / target).resolve()))
+    tree.device(VDA, (252, 0), uevent={"DEVTYPE": "disk"}, files={"size": "1\n"})
+    tree.link(f"{VDA}/device", "../..")
+    tree.file(VDA.rsplit("/", 2)[0] + "/vendor", "0x1af4\n")
+    tree.link(VDA.rsplit("/", 2)[0] + "/subsystem", "../../../../bus/virtio")
+    return tree.root
+
+
+@pytest.mark.parametrize(
+    ("number", "facts"),
+    [
+        ((8, 0), (1 << 30, "IBM", "2145")),  # SCSI: INQUIRY strings, trimmed
+        ((8, 1), (None, "IBM", "2145")),  # a partition: its disk's (no size file here)
+        ((259, 0), (4096, None, "Samsung SSD 970 EVO Plus 1TB")),  # NVMe: no vendor string
+        ((253, 3), (None, "NETAPP", "LUN C-Mode")),  # multipath: its first path's
+        ((253, 4), (None, "NETAPP", "LUN C-Mode")),  # a partition of the map: the same
+        ((253, 5), (None, None, None)),  # LVM: no one disk
+        ((252, 0), (512, None, None)),  # virtio: its "vendor" is a number
+        ((8, 32), (None, None, "LUN C-Mode")),  # a vendor that is not printable: left out
+    ],
+)
+def test_block_facts_come_from_scsi_and_nvme_devices_and_multipath_paths(tmp_path, number, facts):
+    from powerdev.devices.identity import block_facts
+
+    root = block_tree(tmp_path)
+    found = block_facts(root, number)
+    assert found is not None
+    assert (found.size, found.vendor, found.model) == facts
+    assert block_facts(root, (8, 99)) is None
