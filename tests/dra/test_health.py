@@ -6,13 +6,18 @@ default at v1.36), and its health cache is what the pod's
 `allocatedResourcesStatus` is made of (the harness's `health` and
 `waithealth`). A prepared device that disappears is reported Unhealthy for
 the pod's container and leaves the slice; when it comes back it is
-Healthy again and published again. The stream itself, over a real socket:
-the whole list at once, then each change, to every stream."""
+Healthy again and published again. A prepared block device (a loop
+device bound to a 1 MiB file, chosen by the real scheduler through a CEL
+selector on its `size` capacity) that the host starts using is Unhealthy,
+and Healthy when the host lets go of it. The stream itself, over a real
+socket: the whole list at once, then each change, to every stream."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+from pathlib import Path
 
 import pytest
 import trio
@@ -21,7 +26,7 @@ from grpclib.client import Channel
 
 from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
 from powerdev._proto.v1alpha1 import DraResourceHealthStub, HealthStatus, NodeWatchResourcesRequest
-from powerdev.devtools.testing import is_root
+from powerdev.devtools.testing import bound, is_root, loop_control
 from powerdev.dra.claims import ClaimRef
 from powerdev.dra.names import slice_name
 from powerdev.rpc import asyncio_door
@@ -35,10 +40,11 @@ SLICES = f"{RESOURCE_API}/resourceslices"
 WAIT_MS = 15_000
 
 
-async def claim_on(node: Node, name: str, path: str) -> dict:
+async def claim_on(node: Node, name: str, path: str | None = None, cel: str = "") -> dict:
     """A claim for the device at `path` (a CEL selector on its path
-    attribute), a pod using it in container c0, bound: the claim."""
-    cel = f'device.attributes["{node.driver}"].path == "{path}"'
+    attribute) or that `cel` selects, a pod using it in container c0,
+    bound: the claim."""
+    cel = cel or f'device.attributes["{node.driver}"].path == "{path}"'
     request = {
         "name": "dev",
         "exactly": {
@@ -115,6 +121,63 @@ async def test_a_prepared_device_that_goes_is_unhealthy_for_the_pod_and_healthy_
             os.mknod(node_path, stat.S_IFCHR | 0o600, number)
             assert await wait_health(node, "p1", "Healthy") == healthy
             await api.wait_for(SLICES, first, lambda s: "/dev/dra0" in published(s))
+
+
+LOOP = 380  # a loop device of our own (powerdev.devtools.testing: 300-399)
+
+
+def mount_table(path: Path, extra: str = "") -> Path:
+    """A host mount table for powerdev: this process's, and `extra` lines."""
+    path.write_text(Path("/proc/self/mountinfo").read_text() + extra)
+    return path
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root: a loop device, mknod")
+async def test_a_prepared_block_device_the_host_starts_using_is_unhealthy_until_let_go(
+    api, control_plane, draharness, tmp_path
+):
+    backing = tmp_path / "backing"
+    backing.write_bytes(b"\0" * (1 << 20))
+    mountinfo = mount_table(tmp_path / "mountinfo")
+    with trio.fail_after(LIMIT), loop_control() as loops:
+        loops.add(LOOP)
+        with bound(f"/dev/loop{LOOP}", backing):
+            number = os.stat(f"/dev/loop{LOOP}").st_rdev
+            async with dra_node(api, control_plane, draharness, tmp_path) as node:
+                os.mknod(tmp_path / "dev" / "dralun", stat.S_IFBLK | 0o600, number)
+                node.command = [*node.command, "--host-mountinfo", str(mountinfo)]
+                async with powerdev(node) as proc:
+                    attributes = f'device.attributes["{node.driver}"]'
+                    size = f'device.capacity["{node.driver}"].size'
+                    cel = f'{attributes}.kind == "block" && {size}.compareTo(quantity("1Mi")) == 0'
+                    claim = await claim_on(node, "p1", cel=cel)
+                    (result,) = claim["status"]["allocation"]["devices"]["results"]
+                    first = slice_name(node.name, node.driver, RESOURCE, 0)
+                    item = await api.get(f"{SLICES}/{first}")
+                    (chosen,) = [
+                        d for d in item["spec"]["devices"] if d["name"] == result["device"]
+                    ]
+                    assert chosen["attributes"]["path"] == {"string": "/dev/dralun"}
+                    assert chosen["capacity"] == {"size": {"value": str(1 << 20)}}
+                    await node.harness.prepare(node.namespace, "p1")
+                    await wait_health(node, "p1", "Healthy")
+
+                    # The host mounts it (as its mount table says), and
+                    # powerdev looks again (SIGHUP: a rescan).
+                    major, minor = os.major(number), os.minor(number)
+                    line = f"999 1 {major}:{minor} / /mnt/host rw - ext4 /dev/loop{LOOP} rw\n"
+                    mount_table(mountinfo, line)
+                    proc.send_signal(signal.SIGHUP)
+                    (status,) = (await wait_health(node, "p1", "Unhealthy"))["c0"]
+                    (resource,) = status["resources"]
+                    assert "/dev/dralun not usable now: used by the host" in resource["message"]
+                    await api.wait_for(SLICES, first, lambda s: "/dev/dralun" not in published(s))
+
+                    # Let go: Healthy, and published again.
+                    mount_table(mountinfo)
+                    proc.send_signal(signal.SIGHUP)
+                    await wait_health(node, "p1", "Healthy")
+                    await api.wait_for(SLICES, first, lambda s: "/dev/dralun" in published(s))
 
 
 def claim_pod_uid(claim: dict, node: Node) -> str:
