@@ -18,7 +18,6 @@ from typing import Any
 
 from powerdev.config.schema import (
     ALLOCATIONS,
-    API_NOT_YET,
     APIS,
     ENTRY_FIELDS,
     KNOWN_FIELDS,
@@ -79,19 +78,14 @@ def _allocation(entry: Entry, key: str) -> str:
 
 
 def _api(entry: Entry, key: str) -> str:
-    api = entry.want(key, str, '"device-plugin" or "dra"')
+    api = entry.want(key, str, '"device-plugin", "dra" or "both"')
     if api not in APIS:
         raise entry.error(
             key,
             f"{api!r} is not an API",
-            'use "device-plugin" (the kubelet\'s device plugin API, the default) or "dra" '
-            "(Dynamic Resource Allocation: ResourceSlices and ResourceClaims)",
-        )
-    if api in API_NOT_YET:
-        raise entry.error(
-            key,
-            f"{api!r} is not available yet in this version of powerdev",
-            'use "device-plugin" or "dra", and move a resource from one to the other',
+            'use "device-plugin" (the kubelet\'s device plugin API, the default), "dra" '
+            '(Dynamic Resource Allocation: ResourceSlices and ResourceClaims) or "both" '
+            "(while workloads move from one to the other)",
         )
     return api
 
@@ -349,18 +343,19 @@ def _unknown_fields(entry: Entry) -> tuple[str, ...]:
 
 
 def _check_mode(entry: Entry, res: dict[str, object]) -> None:
-    if res.get("api") == "dra":
+    api = res.get("api")
+    if api in ("dra", "both"):
         # A DRA device is one device (every name of it): "each" units.
         if "upper-limit" in entry.data:
             raise entry.error(
                 "upper-limit",
-                'shares units out, and "api": "dra" publishes each device as itself',
+                f'shares units out, and "api": "{api}" publishes each device as itself',
                 "remove upper-limit (a claim's count says how many devices a pod gets)",
             )
         if res.get("allocation", "each") != "each":
             raise entry.error(
                 "allocation",
-                '"all" grants every device at once, and "api": "dra" grants the devices '
+                f'"all" grants every device at once, and "api": "{api}" grants the devices '
                 "a claim was allocated",
                 'remove allocation, or write "each"',
             )

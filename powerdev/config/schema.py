@@ -51,9 +51,9 @@ ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has
 ALLOCATIONS = ("all", "each")
 # Through which Kubernetes API a resource's devices are handed out: the device
 # plugin API (Allocate), Dynamic Resource Allocation (ResourceSlices and
-# NodePrepareResources), or both during a migration (not available yet).
+# NodePrepareResources), or both during a migration (one device, one holder
+# across the two: see docs/dra.md).
 APIS = ("device-plugin", "dra", "both")
-API_NOT_YET = ("both",)
 MAX_RESOURCES = 32  # each is a socket, a registration and a stream
 
 
@@ -86,11 +86,23 @@ class ResourceConfig:
     allocation: str = "all"  # "all": every grant carries every device; "each": the ones chosen
     # (udev property, globs): a device must match one glob of every property
     match_properties: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    api: str = "device-plugin"  # or "dra": ResourceSlices and claims (powerdev/dra)
+    # or "dra": ResourceSlices and claims (powerdev/dra); or "both", for a migration
+    api: str = "device-plugin"
 
     @property
     def dra(self) -> bool:
-        return self.api == "dra"
+        """Served through DRA: its pool published, its claims prepared."""
+        return self.api in ("dra", "both")
+
+    @property
+    def device_plugin(self) -> bool:
+        """Served through the device plugin API: its socket, its registration."""
+        return self.api in ("device-plugin", "both")
+
+    @property
+    def both(self) -> bool:
+        """Served through both APIs, a device held through one withheld from the other."""
+        return self.api == "both"
 
 
 @dataclass(frozen=True)

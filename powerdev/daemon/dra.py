@@ -20,14 +20,22 @@ import trio
 from powerdev.daemon.settings import DraSettings
 from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
+from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
 
 if TYPE_CHECKING:
+    from powerdev.dra.claims import Claims
     from powerdev.dra.kubeapi import KubeApi  # lightkube: imported when DRA starts
 
 log = logging.getLogger(__name__)
 WATCH_RETRY = (0.1, 10.0)  # first and longest wait before watching the slices again
+
+
+def status_name(resource: str, both: bool) -> str:
+    """A resource's DRA side in the status file: its own name, or, when its
+    device plugin side is there too ("api": "both"), "<name> (DRA)"."""
+    return f"{resource} (DRA)" if both else resource
 
 
 class DraDriver:
@@ -39,6 +47,7 @@ class DraDriver:
         nursery: trio.Nursery,
         closing: contextlib.AsyncExitStack,
         status: StatusFile | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self._settings = settings
         self._cdi_dir = cdi_dir
@@ -49,7 +58,9 @@ class DraDriver:
         self._starting = trio.Lock()
         self._pools: dict[str, Pool] = {}  # by resource name: published now
         self._status = status or StatusFile(None)
+        self._ledger = ledger
         self._kubelet_knows = False  # the kubelet has registered the driver
+        self._claims: Claims | None = None
 
     def _dra_plugins(self) -> list[Plugin]:
         return [p for p in self._plugins() if p.resource.dra]
@@ -69,7 +80,11 @@ class DraDriver:
         settings = self._settings
         assert settings is not None
         endpoint = settings.plugins_dir / settings.driver / "dra.sock"
-        self._status.set(name, "registered" if self._kubelet_knows else "waiting", endpoint)
+        state = "registered" if self._kubelet_knows else "waiting"
+        self._status.set(status_name(name, self._both(name)), state, endpoint)
+
+    def _both(self, name: str) -> bool:
+        return any(p.resource.both for p in self._plugins() if p.resource.name == name)
 
     async def _watch_slices(self, api: KubeApi, settings: DraSettings) -> None:
         """A pool one of whose slices someone else deleted is published again."""
@@ -110,8 +125,10 @@ class DraDriver:
                 plugins=self._dra_plugins,
                 cdi_dir=self._cdi_dir,
                 state_dir=settings.plugins_dir / settings.driver,
+                ledger=self._ledger,
             )
             claims.load()
+            self._claims = claims
             await self._nursery.start(
                 serve_driver,
                 settings.driver,
@@ -142,6 +159,8 @@ class DraDriver:
             task_status.started()
             return
         api = await self._start()
+        assert self._claims is not None
+        self._claims.tell(plugin)  # "both": what claims hold, withheld from Allocate
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
         self._pools[plugin.resource.name] = pool
         self._report(plugin.resource.name)
@@ -150,3 +169,5 @@ class DraDriver:
         finally:
             if self._pools.get(plugin.resource.name) is pool:
                 del self._pools[plugin.resource.name]
+            if plugin.resource.both:
+                self._status.forget(status_name(plugin.resource.name, True))

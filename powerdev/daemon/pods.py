@@ -77,3 +77,26 @@ class PodsHold:
             by_unit = allocation.by_unit(devices)
             for unit in ids:
                 ledger.granted(plugin.resource.name, unit, by_unit.get(unit, ()))
+
+    async def follow_both(self, plugin: Plugin, interval: float) -> None:
+        """For a resource with "api": "both": tell it what pods hold through
+        the device plugin API, so that a unit Allocate handed out returns to
+        DRA once no pod holds it. Asked at once, then every `interval` while
+        a handed-out unit may still be held or the kubelet cannot be asked;
+        idle while none is, until Allocate hands one out."""
+        name = plugin.resource.name
+        if self.socket is None:
+            log.warning(
+                '%s: "api": "both" with no PodResources socket: what pods hold through the '
+                "device plugin API cannot be known, so DRA is offered none of its devices",
+                name,
+            )
+            return
+        while True:
+            asked_at = trio.current_time()
+            held = await self.held_ids()
+            if held is not None:
+                plugin.pods_hold(held.get(name, set()), asked_at)
+                if not plugin.held_by_pods:
+                    await plugin.wait_granted()
+            await trio.sleep(interval)

@@ -190,7 +190,7 @@ class Running:
             settings.cdi_spec_dir, self.pods.held_ids, settings.cdi_recheck_interval, nursery
         )
         self._applied = trio.Event()
-        self.ledger = Ledger()  # one device, one holder, across the resources
+        self.ledger = Ledger()  # one device, one holder, across the resources and APIs
         self.dra = DraDriver(
             settings.dra,
             settings.cdi_spec_dir,
@@ -198,6 +198,7 @@ class Running:
             nursery,
             closing or contextlib.AsyncExitStack(),
             self.status,
+            self.ledger,
         )
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:
@@ -305,9 +306,13 @@ class Running:
         with scope:
             async with trio.open_nursery() as resource:
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
-                if plugin.resource.dra:  # ResourceSlices and claims instead of a socket
+                if plugin.resource.both:  # one holder across the two APIs
+                    resource.start_soon(
+                        self.pods.follow_both, plugin, self.settings.cdi_recheck_interval
+                    )
+                if plugin.resource.dra:  # ResourceSlices and claims
                     await resource.start(self.dra.publish, plugin)
-                else:
+                if plugin.resource.device_plugin:  # its socket and registration
                     resource.start_soon(self.specs.keep, plugin)
                     await resource.start(
                         partial(

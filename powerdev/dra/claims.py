@@ -13,6 +13,13 @@ daemon answer a claim it prepared before without asking again, and rewrite
 a spec that is gone (after a reboot /var/run/cdi is empty, while the
 kubelet still hands the claim's CDI IDs to containers from its own
 checkpoint): every spec in the checkpoint is rewritten at start.
+
+With "api": "both", a device that pods hold through the device plugin API
+is not prepared (a per-claim error; the kubelet tries again), and every
+resource is told which of its units claims hold (Plugin.claimed), so that
+its device plugin side withholds them. The node-wide ledger is told too
+(resources/ownership.py): a device a claim holds stays Unhealthy under any
+resource that lists it through the device plugin API, until unprepared.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import trio
 from powerdev.dra.names import device_name, pool_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
+from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,7 @@ class Claims:
     plugins: Callable[[], Sequence[Plugin]]  # the DRA resources served now
     cdi_dir: Path
     state_dir: Path  # <plugins dir>/<driver>: the checkpoint
+    ledger: Ledger | None = None  # the node-wide one: who holds which device
     _held: dict[str, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
 
@@ -97,13 +106,16 @@ class Claims:
             self._held = {}
         for uid, held in self._held.items():
             self._ensure_spec(uid, held)
+            self._tell_ledger(held, prepared=True)
 
     async def prepare(self, claim: ClaimRef) -> list[Prepared]:
         async with self._lock(claim.uid):
             held = self._held.get(claim.uid)
             if held is None:
                 held = await self._prepare_anew(claim)
-                self._held[claim.uid] = held
+                self._held[claim.uid] = held  # no await from the checks to here
+                self._tell_ledger(held, prepared=True)
+                self._tell_plugins()
                 self._save()
             else:
                 self._ensure_spec(claim.uid, held)
@@ -116,7 +128,10 @@ class Claims:
         lock = self._lock(claim.uid)
         async with lock:
             self.spec_path(claim.uid).unlink(missing_ok=True)
-            if self._held.pop(claim.uid, None) is not None:
+            held = self._held.pop(claim.uid, None)
+            if held is not None:
+                self._tell_ledger(held, prepared=False)
+                self._tell_plugins()
                 self._save()
         if not lock.locked() and not lock.statistics().tasks_waiting:
             self._locks.pop(claim.uid, None)  # nobody holds or waits for it
@@ -149,12 +164,12 @@ class Claims:
                     f"{where}: device {result['device']} is in pool {result['pool']}, "
                     f"which is not one of this node's ({self.node}) pools"
                 )
-            names = _unit(plugin, result["device"])
-            if names is None:
+            found = _unit(plugin, result["device"])
+            if isinstance(found, str):
                 raise PrepareError(
-                    f"{where}: device {result['device']} of pool {result['pool']} is not "
-                    "present, or not healthy, or used by the host, on this node now"
+                    f"{where}: device {result['device']} of pool {result['pool']} {found}"
                 )
+            unit_id, names = found
             cdi_name = f"{ref.uid}-{result['device']}"
             spec_devices.append(
                 {
@@ -169,6 +184,9 @@ class Claims:
                     "requests": [result["request"]],
                     "pool": result["pool"],
                     "device": result["device"],
+                    "resource": plugin.resource.name,
+                    "unit": unit_id,
+                    "keys": sorted({(d.kind, d.major, d.minor) for d in names}),
                     "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],
                 }
             )
@@ -180,6 +198,31 @@ class Claims:
         held = {"namespace": ref.namespace, "name": ref.name, "spec": spec, "devices": devices}
         self._write_spec(ref.uid, held)
         return held
+
+    def tell(self, plugin: Plugin) -> None:
+        """Tell a resource which of its units claims hold (at its start too)."""
+        pool = pool_name(self.node, plugin.resource.name)
+        plugin.claimed(
+            d["unit"]
+            for held in self._held.values()
+            for d in held["devices"]
+            if d["pool"] == pool and "unit" in d
+        )
+
+    def _tell_ledger(self, held: dict[str, Any], *, prepared: bool) -> None:
+        if self.ledger is None:
+            return
+        for d in held["devices"]:
+            if "unit" in d:
+                keys = [(kind, major, minor) for kind, major, minor in d["keys"]]
+                if prepared:
+                    self.ledger.claimed(d["resource"], d["unit"], keys)
+                else:
+                    self.ledger.unclaimed(d["resource"], d["unit"], keys)
+
+    def _tell_plugins(self) -> None:
+        for plugin in self.plugins():
+            self.tell(plugin)
 
     def _ensure_spec(self, uid: str, held: dict[str, Any]) -> None:
         if not self.spec_path(uid).exists():
@@ -214,10 +257,26 @@ class Claims:
         return found
 
 
-def _unit(plugin: Plugin, name: str) -> list[Any] | None:
-    """Every name of the published device called `name`, if it is healthy now."""
+def _unit(plugin: Plugin, name: str) -> tuple[str, list[Any]] | str:
+    """The unit ID and every name of the published device called `name`, if
+    DRA may hand it out now; otherwise why not."""
     plugin.refresh()  # every device event already queued, applied first
     for unit_id, names in by_unit(plugin.inventory.current.devices).items():
-        if device_name(unit_id) == name:
-            return names if all(d.healthy for d in names) else None
-    return None
+        if device_name(unit_id) != name:
+            continue
+        if not all(d.healthy for d in names):
+            return "is not healthy, or is used by the host, on this node now"
+        if plugin.resource.both:
+            held = plugin.held_by_pods
+            if held is None:
+                return (
+                    'is served through both APIs ("api": "both") and the kubelet has not '
+                    "said yet which devices pods hold through the device plugin API"
+                )
+            if unit_id in held:
+                return (
+                    'is held by a pod through the device plugin API ("api": "both"): '
+                    "it is prepared once the kubelet says no pod holds it"
+                )
+        return unit_id, names
+    return "is not present on this node now"

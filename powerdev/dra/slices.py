@@ -197,7 +197,7 @@ async def keep_published(
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
-            devices = build_devices(name, snapshot.devices)
+            devices = build_devices(name, plugin.offered_to_dra(snapshot))
             wake = pool.lost
             if devices != published:
                 try:

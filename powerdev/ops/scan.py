@@ -35,6 +35,7 @@ from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS
 class Report:
     resource: str
     allocation: str
+    api: str = "device-plugin"
     advertised: list[Device] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (host path, why)
 
@@ -63,7 +64,7 @@ def scan(
     claimed: dict[str, str] = {}  # host path -> the resource that lists it
     use = guard.survey() if guard is not None else None
     for resource in config.resources:
-        report = Report(resource.name, resource.allocation)
+        report = Report(resource.name, resource.allocation, resource.api)
         for path in sorted(dict.fromkeys(candidates(resource, dev_root, sys_root))):
             device, why = _judge(resource, path, dev_root, sys_root, udev, use)
             if device is not None and path in claimed:
@@ -110,13 +111,15 @@ def _judge(
     return described, ""
 
 
+_THROUGH = {"dra": ", through DRA", "both": ", through the device plugin API and DRA"}
+
+
 def as_text(reports: list[Report]) -> str:
     lines = []
     for report in reports:
         count = len(report.advertised)
-        lines.append(
-            f"{report.resource} ({report.allocation}): {count} device{'' if count == 1 else 's'}"
-        )
+        how = report.allocation + _THROUGH.get(report.api, "")
+        lines.append(f"{report.resource} ({how}): {count} device{'' if count == 1 else 's'}")
         for d in report.advertised:
             lines.append(
                 f"  {d.id}  {d.path}  {d.kind} {d.major}:{d.minor}  "
@@ -134,6 +137,7 @@ def as_json(reports: list[Report]) -> str:
             {
                 "resource": r.resource,
                 "allocation": r.allocation,
+                "api": r.api,
                 "advertised": [asdict(d) for d in r.advertised],
                 "left_out": [{"path": p, "reason": why} for p, why in r.left_out],
             }

@@ -21,6 +21,14 @@ device is one key, and rules on each before a tracker advertises it:
   that held it keeps its cgroup rule for those numbers. While the kubelet
   cannot be asked, it waits: the safe side. The memory is the daemon's
   own: at start it holds what the kubelet says pods hold then.
+- Across the two APIs. A device prepared for a ResourceClaim is owned by
+  (resource, unit, DRA): a resource that lists it through the other API (a
+  reload that changed "api", or moved the device) holds it Unhealthy until
+  the claim is unprepared, which the PodResources API does not say. And a
+  device a pod got through Allocate waits, under a resource that now hands
+  it out through DRA, until the kubelet says no pod holds it. A resource
+  with "api": "both" owns its units through either API (the Plugin keeps
+  the two sides apart: resources/plugin.py).
 
 Plain data on the Trio thread; the one wait (for the kubelet) is
 Ledger.follow_pods(), run in the supervisor's nursery.
@@ -50,15 +58,25 @@ def describe_key(key: Key) -> str:
     return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
 
 
+DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     resource: str
     unit: str | None  # None: any unit of the resource ("all" mode)
+    api: str = DEVICE_PLUGIN
 
     def __str__(self) -> str:
+        through = "a ResourceClaim" if self.api == DRA else "the device plugin API"
         if self.unit is None:
-            return f"any unit of {self.resource}"
-        return f"unit {self.unit} of {self.resource}"
+            return f"any unit of {self.resource} (through {through})"
+        return f"unit {self.unit} of {self.resource} (through {through})"
+
+    def serves(self, resource: ResourceConfig, unit: str | None) -> bool:
+        """Is this the holder `resource` would grant the unit as?"""
+        same_api = self.api == resource.api or resource.both
+        return self.resource == resource.name and self.unit == unit and same_api
 
 
 @dataclass(slots=True)
@@ -195,19 +213,25 @@ class Ledger:
                 f"{resource.name}: {'; '.join(rivals)}. A device belongs to one resource only",
             )
             return replace(device, healthy=False) if listed else None
-        mine = Holder(resource.name, device.id if resource.allocation == "each" else None)
+        unit = device.id if resource.allocation == "each" else None
         owner = self._owners.get(device.key)
-        if owner is not None and owner != mine:
+        if owner is not None and not owner.serves(resource, unit):
             wait = self.waiting.get(device.key)
             if wait is None or wait.old != owner:
                 self.waiting[device.key] = _Wait(owner, self._asks)
-                self._wake.set()
+                if owner.api != DRA:
+                    self._wake.set()
+            until = (
+                "until that claim is unprepared"
+                if owner.api == DRA
+                else "until the kubelet says no pod holds that"
+            )
+            mine = "any unit" if unit is None else f"unit {unit}"
             self._say(
                 resource.name,
                 device.path,
                 f"{device.path} ({describe_key(device.key)}) waits in {resource.name} as "
-                f"{mine}: it was granted as {owner}, and until the kubelet says no pod "
-                "holds that, a pod may still reach it",
+                f"{mine}: it was granted as {owner}, and {until}, a pod may still reach it",
             )
             return replace(device, healthy=False)
         self.waiting.pop(device.key, None)
@@ -221,6 +245,32 @@ class Ledger:
         holder = Holder(resource, unit)
         for device in devices:
             self._owners[device.key] = holder
+
+    def claimed(self, resource: str, unit: str, keys: Iterable[Key]) -> None:
+        """A claim was prepared with this unit of `resource` (these device numbers)."""
+        holder = Holder(resource, unit, DRA)
+        for key in keys:
+            if self._owners.get(key) != holder:
+                self._owners[key] = holder
+                self._mark(key, resource)
+        self.settle()
+
+    def unclaimed(self, resource: str, unit: str, keys: Iterable[Key]) -> None:
+        """That claim is unprepared: whoever waited for the device waits no more."""
+        holder = Holder(resource, unit, DRA)
+        for key in keys:
+            if self._owners.get(key) == holder:
+                del self._owners[key]
+                wait = self.waiting.get(key)
+                if wait is not None and wait.old == holder:
+                    log.info(
+                        "%s: %s is unprepared",
+                        self._names.get(key, describe_key(key)),
+                        holder,
+                    )
+                    del self.waiting[key]
+                self._mark(key)
+        self.settle()
 
     def _say(self, resource: str, path: str, text: str) -> None:
         if self._said.get((resource, path)) != text:
@@ -246,8 +296,9 @@ class Ledger:
         """What pods hold, per the kubelet, in an answer to ask number `asked`:
         end the waits that began before it and whose old unit no pod holds."""
         for key, wait in list(self.waiting.items()):
-            if wait.since >= asked:
-                continue  # began after the question was put: the answer may predate it
+            if wait.since >= asked or wait.old.api == DRA:
+                continue  # began after the question was put (the answer may predate
+                # it), or a claim holds it: the kubelet's PodResources cannot say
             ids = held.get(wait.old.resource, set())
             still = bool(ids) if wait.old.unit is None else wait.old.unit in ids
             if not still:
@@ -268,7 +319,7 @@ class Ledger:
         """While a device waits, ask the kubelet what pods hold: at once,
         then every `interval` seconds."""
         while True:
-            if not self.waiting:
+            if not self.asks_kubelet():
                 await self._wake.wait()
             self._wake = trio.Event()
             self._asks += 1
@@ -276,9 +327,13 @@ class Ledger:
             held = await ask()
             if held is not None:
                 self.answered(held, asked)
-            if self.waiting:
+            if self.asks_kubelet():
                 with trio.move_on_after(interval):
                     await self._wake.wait()
+
+    def asks_kubelet(self) -> bool:
+        """Does a device wait for what the kubelet's PodResources can say?"""
+        return any(w.old.api != DRA for w in self.waiting.values())
 
 
 # --- at start and reload -------------------------------------------------------

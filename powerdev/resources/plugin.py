@@ -3,11 +3,22 @@
 Plain Trio and plain data. The gRPC service (rpc/plugin_service.py) asks
 this object for everything; answers are computed once per inventory version
 and reused by every stream and every Allocate.
+
+A resource with "api": "both" hands each device to one holder at a time
+across the two APIs. The Plugin keeps both sides' holds: the units prepared
+for ResourceClaims (told by dra/claims.py) are Unhealthy on the device
+plugin side and refused by Allocate; the units Allocate handed out are left
+out of what DRA offers until the kubelet's PodResources API, asked after the
+grant, says no pod holds them (daemon/pods.py asks). Until the kubelet has
+answered once, DRA is offered nothing: what pods held before this daemon
+started is not known yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+import trio
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
@@ -17,6 +28,10 @@ from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.resources.cdi import SpecWriter
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.tracker import Tracker
+
+# Seconds from an Allocate answer to the kubelet's PodResources surely
+# listing the grant (it records it as it reads the answer).
+GRANT_SETTLES = 1.0
 
 
 class Plugin:
@@ -51,6 +66,12 @@ class Plugin:
         self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
         self._by_unit: dict[str, list[Device]] = {}
         self._by_unit_version = -1
+        # "both": the units claims hold; the units Allocate handed out (-> when),
+        # and whether the kubelet has said yet what pods hold.
+        self._claimed: frozenset[str] = frozenset()
+        self._dp_held: dict[str, float] = {}
+        self._dp_known = False
+        self._dp_granted = trio.Event()
 
     def refresh(self) -> None:
         """Apply the device events queued now (nothing without a daemon)."""
@@ -85,11 +106,15 @@ class Plugin:
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""
         snapshot = snapshot or self.inventory.current
-        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation)
+        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation, self._claimed)
         if key != self._units_key:
             self._units = allocation.units(
                 snapshot.devices, self.resource.upper_limit, self.resource.allocation
             )
+            if self._claimed and self.resource.both:
+                self._units = tuple(
+                    Unit(u.id, False, u.numa) if u.id in self._claimed else u for u in self._units
+                )
             self._units_by_id = {u.id: u for u in self._units}
             self._units_key = key
         return self._units
@@ -103,9 +128,14 @@ class Plugin:
         snapshot = self.inventory.current
         self.units(snapshot)
         for ids in requests:
+            if self.resource.both:
+                self._refuse_claimed(ids)
             allocation.check_request(ids, self._units_by_id)
         if self.resource.allocation == "each":
-            return [self._chosen(snapshot, ids) for ids in requests]
+            grants = [self._chosen(snapshot, ids) for ids in requests]
+            if self.resource.both:
+                self._granted_to_pods(i for ids in requests for i in ids)
+            return grants
         key = (snapshot.version, self.resource)
         if key != self._grant_key:
             if self.ledger is not None:  # every unit carries every healthy device
@@ -133,6 +163,74 @@ class Plugin:
             devices = tuple(d for i in dict.fromkeys(ids) for d in self._by_unit.get(i, ()))
             return CdiGrant(cdi.qualified_names(self.resource, devices))
         return allocation.grant_chosen(self._by_unit, ids, self.resource.permissions)
+
+    # --- "both": one holder across the two APIs ----------------------------
+
+    def _refuse_claimed(self, ids: Sequence[str]) -> None:
+        for unit_id in ids:
+            if unit_id in self._claimed:
+                raise allocation.AllocationRefused(
+                    f"device ID {unit_id!r} is held by a ResourceClaim (this resource is "
+                    'served through both APIs, "api": "both"): it is Unhealthy here until '
+                    "the claim is unprepared"
+                )
+
+    def _granted_to_pods(self, ids: Iterable[str]) -> None:
+        now = trio.current_time()
+        fresh = False
+        for unit_id in dict.fromkeys(ids):
+            fresh |= unit_id not in self._dp_held
+            self._dp_held[unit_id] = now
+        self._dp_granted.set()
+        self._dp_granted = trio.Event()
+        if fresh and self._dp_known:
+            self._changed()
+
+    def claimed(self, units: Iterable[str]) -> None:
+        """The units prepared for claims now (dra/claims.py says, on every change)."""
+        claimed = frozenset(units)
+        if claimed != self._claimed:
+            self._claimed = claimed
+            if self.resource.both:
+                self._changed()
+
+    def pods_hold(self, held: set[str], asked_at: float) -> None:
+        """The kubelet's answer, to an ask begun at `asked_at`: the unit IDs
+        of this resource pods hold. A unit Allocate handed out before the ask
+        and not held now is offered to DRA again."""
+        # A unit handed out a moment before the ask may not be in the answer yet.
+        settled = asked_at - GRANT_SETTLES
+        gone = [u for u, when in self._dp_held.items() if when < settled and u not in held]
+        for unit_id in gone:
+            del self._dp_held[unit_id]
+        for unit_id in held:
+            self._dp_held.setdefault(unit_id, asked_at)
+        if gone or not self._dp_known:
+            self._dp_known = True
+            self._changed()
+
+    @property
+    def held_by_pods(self) -> frozenset[str] | None:
+        """The units Allocate handed out that pods may still hold; None while
+        the kubelet has not said (so any unit may be held)."""
+        return frozenset(self._dp_held) if self._dp_known else None
+
+    async def wait_granted(self) -> None:
+        """Until Allocate next hands out a unit."""
+        await self._dp_granted.wait()
+
+    def offered_to_dra(self, snapshot: Snapshot) -> Sequence[Device]:
+        """The devices DRA may publish and prepare: all of them, except, with
+        "api": "both", those pods hold through the device plugin API."""
+        if not self.resource.both:
+            return snapshot.devices
+        if not self._dp_known:
+            return ()
+        return tuple(d for d in snapshot.devices if d.id not in self._dp_held)
+
+    def _changed(self) -> None:
+        """What either side advertises changed: every stream and the pool follow."""
+        self.inventory.publish(self.inventory.current.devices, force=True)
 
     def _need_spec(self) -> None:
         if self.spec is None:

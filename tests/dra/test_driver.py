@@ -111,11 +111,19 @@ async def powerdev(node: Node) -> AsyncIterator[trio.Process]:
 
 @contextlib.asynccontextmanager
 async def dra_node(
-    api: Api, plane, draharness: Path, tmp_path: Path, devices: tuple[str, ...] = ("dra0",)
+    api: Api,
+    plane,
+    draharness: Path,
+    tmp_path: Path,
+    devices: tuple[str, ...] = ("dra0",),
+    *,
+    both: bool = False,
+    options: tuple[str, ...] = (),
 ) -> AsyncIterator[Node]:
     """A Ready Node of our own (tainted for our pods only), its namespace,
     the harness as its kubelet, a DeviceClass for the resource, a device
-    tree with one distinct character node, and the config."""
+    tree with one distinct character node, and the config ("api": "dra",
+    or with `both` "api": "both" in CDI mode; `options` for `powerdev run`)."""
     name = f"dra-{secrets.token_hex(3)}"
     driver = f"{name}.powerdev.test"
     created = await api.create_node(name)
@@ -147,6 +155,8 @@ async def dra_node(
         "device-gid": GID,
         "device-mode": f"{MODE:04o}",
     }
+    if both:
+        entry.update({"api": "both", "cdi": True})
     config.write_text(json.dumps({"resources": [entry]}))
     registry, plugins, state = dirs(tmp_path)
     cdi = tmp_path / "cdi"
@@ -170,6 +180,7 @@ async def dra_node(
         str(plugins),
         "--dra-registry-dir",
         str(registry),
+        *options,
     )
     log = tmp_path / "draharness.log"
     try:

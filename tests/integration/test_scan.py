@@ -79,6 +79,22 @@ def test_scan_says_what_is_advertised_and_why_the_rest_is_not(tmp_path):
     assert "left out: /dev/mapper/lvm: properties" in text.stdout
 
 
+def test_scan_says_through_which_api(tmp_path):
+    make_dev_tree(tmp_path / "dev", ["lun0", "acc0"])
+    config = {
+        "resources": [
+            {"name": "a.io/lun", "api": "both", "include-devices": ["/dev/lun*"]},
+            {"name": "a.io/acc", "api": "dra", "include-devices": ["/dev/acc*"]},
+        ]
+    }
+    text = scan(tmp_path, config)
+    assert text.returncode == 0, text.stderr
+    assert "a.io/lun (each, through the device plugin API and DRA): 1 device" in text.stdout
+    assert "a.io/acc (each, through DRA): 1 device" in text.stdout
+    lun, acc = json.loads(scan(tmp_path, config, "--json").stdout)
+    assert (lun["api"], acc["api"]) == ("both", "dra")
+
+
 def test_scan_of_a_bad_config_exits_2_with_one_line(tmp_path):
     done = scan(tmp_path, {"resources": [{"name": "a.io/x", "allocation": "some"}]})
     assert done.returncode == 2

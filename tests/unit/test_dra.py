@@ -141,11 +141,13 @@ async def test_a_pool_continues_the_generation_it_finds_and_drops_slices_it_no_l
 @pytest.mark.parametrize(
     ("fields", "problem"),
     [
-        ({"api": "both"}, "'api': 'both' is not available yet"),
         ({"api": "grpc"}, "'api': 'grpc' is not an API"),
         ({"api": "dra", "upper-limit": 2}, "'upper-limit'"),
         ({"api": "dra", "allocation": "all"}, "'allocation'"),
         ({"api": "dra", "cdi": True}, "'cdi'"),
+        ({"api": "both", "upper-limit": 2}, "'upper-limit'"),
+        ({"api": "both", "allocation": "all"}, "'allocation'"),
+        ({"api": "both", "device-uid": 5}, "'device-uid'.*set \"cdi\": true"),
         ({"device-uid": 5}, "'device-uid'"),  # still CDI-only for the device plugin API
     ],
 )
@@ -231,8 +233,8 @@ async def test_a_claim_is_prepared_once_answered_again_and_unprepared(tmp_path):
         (None, "does not exist"),
         (("other-uid", "u1"), "has UID other-uid"),
         (("uid-1",), "is not allocated"),
-        (("uid-1", "u2"), "not present, or not healthy"),
-        (("uid-1", "u9"), "not present, or not healthy"),
+        (("uid-1", "u2"), "u2 of pool .* is not healthy, or is used by the host"),
+        (("uid-1", "u9"), "u9 of pool .* is not present on this node now"),
     ],
 )
 async def test_each_wrong_claim_gets_its_own_error(tmp_path, claim, problem):

@@ -81,3 +81,38 @@ def test_a_device_stays_listed_while_any_of_its_names_is():
     ledger.change(A.name, [link], ())
     ledger.change(B.name, (), [link])
     assert ledger.rivals(B.name, link) == []
+
+
+def test_a_device_a_claim_holds_waits_under_the_device_plugin_api_until_unprepared():
+    """A reload switched "api" from "dra" to "device-plugin": the claim's device
+    is Unhealthy there until the claim is unprepared, whatever PodResources says."""
+    dra, plugin_api, both = (
+        ResourceConfig(name=A.name, allocation="each", api=api)
+        for api in ("dra", "device-plugin", "both")
+    )
+    ledger = Ledger()
+    device = dev("/dev/sdb", 16)
+    ledger.change(A.name, (), [device])
+    ledger.claimed(A.name, "sdb", [device.key])
+    assert ledger.rule(dra, device, listed=True) == device  # its own holder
+    assert ledger.rule(both, device, listed=True) == device
+    assert not ledger.rule(plugin_api, device, listed=True).healthy
+    assert not ledger.asks_kubelet()  # nothing for the kubelet's PodResources to say
+    ledger.answered({}, asked=1)
+    assert not ledger.rule(plugin_api, device, listed=True).healthy
+    ledger.unclaimed(A.name, "sdb", [device.key])
+    assert ledger.rule(plugin_api, device, listed=True) == device
+
+
+def test_a_device_a_pod_got_through_allocate_waits_under_dra_until_no_pod_holds_it():
+    dra = ResourceConfig(name=A.name, allocation="each", api="dra")
+    ledger = Ledger()
+    device = dev("/dev/sdb", 16)
+    ledger.change(A.name, (), [device])
+    ledger.granted(A.name, "sdb", [device])
+    assert not ledger.rule(dra, device, listed=True).healthy
+    assert ledger.asks_kubelet()
+    ledger.answered({A.name: {"sdb"}}, asked=1)
+    assert not ledger.rule(dra, device, listed=True).healthy
+    ledger.answered({}, asked=1)
+    assert ledger.rule(dra, device, listed=True) == device

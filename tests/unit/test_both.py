@@ -1,0 +1,148 @@
+"""The "api": "both" mode: one device, one holder across the device plugin API and
+DRA. A unit prepared for a claim is Unhealthy on the device plugin side and
+refused by Allocate; a unit Allocate handed out leaves what DRA offers and
+is refused by prepare, until the kubelet (asked after the grant) says no pod
+holds it; nothing is offered to DRA before the kubelet has said once. On a
+mock clock: the only time that matters is "asked after the grant"."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.names import pool_name
+from powerdev.resources.allocation import AllocationRefused
+from powerdev.resources.ownership import Ledger
+from powerdev.resources.plugin import GRANT_SETTLES, Plugin
+
+DRIVER, NODE, RESOURCE = "dra.powerdev.io", "n1", "example.com/lun"
+POOL = pool_name(NODE, RESOURCE)
+
+
+def device(unit: str, minor: int) -> Device:
+    return Device(unit, f"/dev/{unit}", "b", 8, minor, True, None, None)
+
+
+class Api:
+    """The API server's claims: each allocated one device of our pool."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict] = {}
+
+    def allocate(self, name: str, uid: str, unit: str) -> ClaimRef:
+        result = {"request": "r", "driver": DRIVER, "pool": POOL, "device": unit}
+        self.claims[("ns", name)] = {
+            "metadata": {"uid": uid},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        }
+        return ClaimRef("ns", name, uid)
+
+    async def claim(self, namespace: str, name: str) -> dict | None:
+        await trio.lowlevel.checkpoint()
+        return self.claims.get((namespace, name))
+
+
+def both(tmp_path, api: str = "both") -> tuple[Plugin, Claims]:
+    resource = ResourceConfig(name=RESOURCE, api=api, allocation="each")
+    plugin = Plugin(
+        resource, Inventory([device("u1", 16), device("u2", 32)]), refresh=None, spec=None
+    )
+    claims = Claims(
+        DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state", Ledger()
+    )
+    return plugin, claims
+
+
+def health(plugin: Plugin) -> dict[str, bool]:
+    return {u.id: u.healthy for u in plugin.units()}
+
+
+def offered(plugin: Plugin) -> list[str]:
+    return [d.id for d in plugin.offered_to_dra(plugin.inventory.current)]
+
+
+@pytest.fixture
+def clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepared(tmp_path):
+    plugin, claims = both(tmp_path)
+    plugin.pods_hold(set(), trio.current_time())  # the kubelet: no pod holds anything
+    ref = claims.api.allocate("c1", "uid-1", "u1")
+    version = plugin.inventory.current.version
+
+    await claims.prepare(ref)
+    assert health(plugin) == {"u1": False, "u2": True}
+    assert plugin.inventory.current.version > version  # every ListAndWatch stream resends
+    with pytest.raises(AllocationRefused, match="'u1' is held by a ResourceClaim"):
+        plugin.allocate([["u1"]])
+    assert offered(plugin) == ["u1", "u2"]  # still the claim's, in the slice
+
+    # A restarted daemon knows it from the checkpoint before the resource serves.
+    again_plugin, again = both(tmp_path)
+    again.load()
+    again.tell(again_plugin)
+    assert health(again_plugin) == {"u1": False, "u2": True}
+
+    # The ledger knows too: under the device plugin API alone (a reload that
+    # changed "api") the device waits until the claim is unprepared.
+    moved = ResourceConfig(name=RESOURCE, allocation="each")
+    u1 = plugin.inventory.current.devices[0]
+    assert not claims.ledger.rule(moved, u1, listed=True).healthy
+
+    await claims.unprepare(ref)
+    assert health(plugin) == {"u1": True, "u2": True}
+    assert claims.ledger.rule(moved, u1, listed=True) == u1
+    plugin.allocate([["u1"]])
+
+
+async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_it(tmp_path, clock):
+    plugin, claims = both(tmp_path)
+    assert offered(plugin) == []  # before the kubelet has said what pods hold
+    with pytest.raises(PrepareError, match="has not said yet"):
+        await claims.prepare(claims.api.allocate("c0", "uid-0", "u2"))
+
+    plugin.pods_hold(set(), trio.current_time())
+    plugin.allocate([["u1"]])
+    granted_at = trio.current_time()
+    assert offered(plugin) == ["u2"]
+    with pytest.raises(PrepareError, match=r"u1 of pool .* is held by a pod through the device"):
+        await claims.prepare(claims.api.allocate("c1", "uid-1", "u1"))
+
+    # An answer to an ask begun before the grant settled cannot free it ...
+    await trio.sleep(GRANT_SETTLES / 2)
+    plugin.pods_hold(set(), trio.current_time())
+    assert offered(plugin) == ["u2"]
+    # ... nor one that says a pod holds it ...
+    await trio.sleep(GRANT_SETTLES)
+    plugin.pods_hold({"u1"}, trio.current_time())
+    assert offered(plugin) == ["u2"]
+    # ... the first later answer without it does.
+    plugin.pods_hold(set(), trio.current_time())
+    assert trio.current_time() - granted_at > GRANT_SETTLES
+    assert offered(plugin) == ["u1", "u2"]
+    (prepared,) = await claims.prepare(claims.api.allocate("c2", "uid-2", "u1"))
+    assert prepared.device == "u1"
+
+
+async def test_what_pods_held_before_the_daemon_started_stays_out_of_dra(tmp_path):
+    plugin, _ = both(tmp_path)
+    plugin.pods_hold({"u2"}, trio.current_time())
+    assert offered(plugin) == ["u1"]
+    assert plugin.held_by_pods == {"u2"}
+
+
+async def test_resources_on_one_api_are_not_touched(tmp_path):
+    for api in ("dra", "device-plugin"):
+        plugin, _ = both(tmp_path / api, api)
+        assert offered(plugin) == ["u1", "u2"]  # no kubelet answer needed
+        plugin.claimed({"u1"})
+        assert health(plugin) == {"u1": True, "u2": True}
+        plugin.allocate([["u1"]])
+        assert offered(plugin) == ["u1", "u2"]
