@@ -185,15 +185,20 @@ def claim_pod_uid(claim: dict, node: Node) -> str:
     return reserved["uid"]  # type: ignore[no-any-return]
 
 
-async def watch(path, send: trio.MemorySendChannel) -> None:
-    """Each message of a NodeWatchResources stream, into `send`."""
+async def watch(path, send: trio.MemorySendChannel, count: int) -> None:
+    """The first `count` messages of a NodeWatchResources stream, into
+    `send`; then the stream is left (never cancelled mid-read)."""
 
     async def run():
         channel = Channel(path=str(path))
         try:
             stub = DraResourceHealthStub(channel)
+            got = 0
             async for message in stub.node_watch_resources(NodeWatchResourcesRequest()):
                 await trio_asyncio.trio_as_aio(send.send)(message)
+                got += 1
+                if got == count:
+                    break
         finally:
             channel.close()
 
@@ -211,31 +216,34 @@ async def test_the_health_stream_sends_the_whole_list_at_once_then_each_change(t
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(serve_driver, DRIVER, registry, plugins, claims, lambda: None)
             socket = endpoint(plugins, DRIVER)
-            streams = []
-            for _ in range(2):  # two streams, each with its own messages
-                send, receive = trio.open_memory_channel(0)
-                nursery.start_soon(watch, socket, send)
-                streams.append(receive)
-            for receive in streams:
-                ((device,),) = [(await receive.receive()).devices]
-                assert (device.device.pool_name, device.device.device_name) == (POOL, "u1")
-                assert device.health == HealthStatus.HEALTHY
-                assert device.health_check_timeout_seconds == 30
-                assert device.last_updated_time > 0
-            # A change that leaves the list as it was sends nothing; the removal does.
-            plugin.inventory.update({"/dev/sdx": dev("/dev/sdx", 99, unit="u9")})
-            plugin.inventory.update({"/dev/sdb": None})
-            for receive in streams:
-                (gone,) = (await receive.receive()).devices
-                assert gone.health == HealthStatus.UNHEALTHY
-                assert "/dev/sdb no longer on the host" in gone.message
-            # Unprepared (as the kubelet does it): the next list is empty.
-            undo = v1.NodeUnprepareResourcesRequest(
-                claims=[v1.Claim(namespace="ns", name="c1", uid="uid-1")]
-            )
-            answer = await call(
-                socket, lambda ch: v1.DraPluginStub(ch).node_unprepare_resources(undo)
-            )
-            assert answer.claims["uid-1"].error == ""
-            assert [(await r.receive()).devices for r in streams] == [[], []]
+            # Each stream reads its three messages and leaves, before the
+            # server closes.
+            async with trio.open_nursery() as watching:
+                streams = []
+                for _ in range(2):  # two streams, each with its own messages
+                    send, receive = trio.open_memory_channel(0)
+                    watching.start_soon(watch, socket, send, 3)
+                    streams.append(receive)
+                for receive in streams:
+                    ((device,),) = [(await receive.receive()).devices]
+                    assert (device.device.pool_name, device.device.device_name) == (POOL, "u1")
+                    assert device.health == HealthStatus.HEALTHY
+                    assert device.health_check_timeout_seconds == 30
+                    assert device.last_updated_time > 0
+                # A change that leaves the list as it was sends nothing; the removal does.
+                plugin.inventory.update({"/dev/sdx": dev("/dev/sdx", 99, unit="u9")})
+                plugin.inventory.update({"/dev/sdb": None})
+                for receive in streams:
+                    (gone,) = (await receive.receive()).devices
+                    assert gone.health == HealthStatus.UNHEALTHY
+                    assert "/dev/sdb no longer on the host" in gone.message
+                # Unprepared (as the kubelet does it): the next list is empty.
+                undo = v1.NodeUnprepareResourcesRequest(
+                    claims=[v1.Claim(namespace="ns", name="c1", uid="uid-1")]
+                )
+                answer = await call(
+                    socket, lambda ch: v1.DraPluginStub(ch).node_unprepare_resources(undo)
+                )
+                assert answer.claims["uid-1"].error == ""
+                assert [(await r.receive()).devices for r in streams] == [[], []]
             nursery.cancel_scope.cancel()
