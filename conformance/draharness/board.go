@@ -5,12 +5,23 @@ import (
 	"time"
 )
 
-// state is what the harness has seen happen: registrations (registry.go)
-// and the ResourceSlice deletions the kubelet made (apiserver.go).
+// state is what the harness has seen happen: registrations (registry.go),
+// the ResourceSlice deletions the kubelet made (apiserver.go), and the pod
+// updates the DRA manager asked for when a device's health changed
+// (main.go).
 type state struct {
 	drivers []registration
 	events  []handlerEvent
 	wipes   []wipe
+	updates []podUpdate
+}
+
+// podUpdate: the DRA manager's word to the kubelet's sync loop (its
+// Updates channel) that these pods' status must be written again, since
+// the health of a device they hold changed.
+type podUpdate struct {
+	T    int64    `json:"t"` // ms since the epoch
+	Pods []string `json:"pods"`
 }
 
 // board holds the state and wakes whoever waits on it at each change:

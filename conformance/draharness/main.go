@@ -96,6 +96,21 @@ func (h *harness) startInstance() error {
 		cancel()
 		return fmt.Errorf("the DRA manager's plugin handler is a %T, not a *plugin.DRAPluginManager", handler)
 	}
+	// The kubelet's sync loop reads the manager's Updates (pods whose
+	// devices' health changed) and writes those pods' status again; here
+	// each one is written down on the board, which wakes waithealth.
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case update := <-mgr.Updates():
+				h.board.update(func(s *state) {
+					s.updates = append(s.updates, podUpdate{T: time.Now().UnixMilli(), Pods: update.PodUIDs})
+				})
+			}
+		}
+	}()
 	pm := pluginmanager.NewPluginManager(d.registry, &record.FakeRecorder{})
 	pm.AddHandler(registerapi.DRAPlugin, &recordingHandler{inner: handler, board: h.board, plugins: d.plugins})
 	stopCh, done := make(chan struct{}), make(chan struct{})
@@ -196,19 +211,80 @@ func (h *harness) podCommand(verb, ref string) (reply, error) {
 		answer["containers"], err = cdiDevices(cur.dra, pod)
 		return answer, err
 	case "health":
-		status := &v1.PodStatus{}
-		for _, c := range pod.Spec.Containers {
-			status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{Name: c.Name})
-		}
-		cur.dra.UpdateAllocatedResourcesStatus(pod, status)
-		health := map[string][]v1.ResourceStatus{}
-		for _, s := range status.ContainerStatuses {
-			health[s.Name] = append([]v1.ResourceStatus{}, s.AllocatedResourcesStatus...)
-		}
-		answer["containers"] = health
+		answer["containers"] = healthOf(cur.dra, pod)
 		return answer, nil
 	}
 	return nil, fmt.Errorf("unknown pod command %q", verb)
+}
+
+// healthOf: each container's AllocatedResourcesStatus, as the kubelet puts
+// it into the pod's status from the DRA manager's health cache.
+func healthOf(mgr *dra.Manager, pod *v1.Pod) map[string][]v1.ResourceStatus {
+	status := &v1.PodStatus{}
+	for _, c := range pod.Spec.Containers {
+		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{Name: c.Name})
+	}
+	mgr.UpdateAllocatedResourcesStatus(pod, status)
+	health := map[string][]v1.ResourceStatus{}
+	for _, s := range status.ContainerStatuses {
+		health[s.Name] = append([]v1.ResourceStatus{}, s.AllocatedResourcesStatus...)
+	}
+	return health
+}
+
+// allReport: at least one device is reported, and every one as want.
+func allReport(health map[string][]v1.ResourceStatus, want v1.ResourceHealthStatus) bool {
+	seen := 0
+	for _, statuses := range health {
+		for _, s := range statuses {
+			for _, r := range s.Resources {
+				if r.Health != want {
+					return false
+				}
+				seen++
+			}
+		}
+	}
+	return seen > 0
+}
+
+// A kubelet writes a pod's status when the manager asks (its Updates) and
+// at every other sync of the pod; the manager asks only when a report
+// changes a device some cached claim holds, so a report that comes before
+// the claim is cached (the driver may send it before its prepare answer)
+// is seen at the pod's next sync. waithealth looks again at this pace too.
+const healthSync = 100 * time.Millisecond
+
+// waitHealth: until every device the pod's containers hold is reported as
+// want, looked at again whenever the board changes (the manager's pod
+// updates above, as the kubelet's sync loop is woken by them) and every
+// healthSync.
+func (h *harness) waitHealth(ref, want string, timeout time.Duration) (reply, error) {
+	cur, err := h.started()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), h.logger), callLimit)
+	defer cancel()
+	pod, remembered, err := h.api.pod(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	answer := podReply(ref, pod, remembered)
+	var health map[string][]v1.ResourceStatus
+	began := time.Now()
+	ok := false
+	for !ok && time.Since(began) < timeout {
+		ok = h.board.waitFor(min(healthSync, timeout-time.Since(began)), func(*state) bool {
+			health = healthOf(cur.dra, pod)
+			return allReport(health, v1.ResourceHealthStatus(want))
+		})
+	}
+	answer["ok"], answer["waited_ms"], answer["containers"] = ok, ms(time.Since(began)), health
+	if !ok {
+		return answer, fmt.Errorf("waithealth: not every device of %s is %s after %d ms", ref, want, timeout.Milliseconds())
+	}
+	return answer, nil
 }
 
 func intArg(words []string, i int) (int, error) {
@@ -339,6 +415,24 @@ func (h *harness) run(words []string) (reply, error) {
 			return nil, err
 		}
 		return h.podCommand(words[0], words[1])
+	case "waithealth":
+		if err := need(4); err != nil {
+			return nil, err
+		}
+		switch words[2] {
+		case string(v1.ResourceHealthStatusHealthy), string(v1.ResourceHealthStatusUnhealthy), string(v1.ResourceHealthStatusUnknown):
+		default:
+			return nil, fmt.Errorf("waithealth: %q is not Healthy, Unhealthy or Unknown", words[2])
+		}
+		timeout, err := intArg(words, 3)
+		if err != nil {
+			return nil, err
+		}
+		return h.waitHealth(words[1], words[2], millis(timeout))
+	case "updates":
+		var updates []podUpdate
+		h.board.read(func(s *state) { updates = append([]podUpdate{}, s.updates...) })
+		return reply{"updates": updates}, nil
 	case "checkpoint":
 		if h.dirs == nil {
 			return nil, errors.New("never started: no state directory")

@@ -5,7 +5,8 @@ rescans and re-attachments; a multipath map's DM UUID, a disk's WWN or serial
 number and a loop device's backing file do not. This module reads them from a
 sysfs tree and, when given, udev's database (devices/udevdb.py), and
 turns an identity into a device ID for the kubelet. It also reads the
-properties a config may match on and the NUMA node the kernel reports.
+properties a config may match on, the NUMA node the kernel reports, and a
+block device's size, vendor and model.
 Everything is a plain function of the directories passed in; nothing raises
 on a missing or unreadable file.
 """
@@ -17,6 +18,7 @@ import os
 import re
 from pathlib import Path
 
+from powerdev.devices.model import BlockFacts
 from powerdev.devices.udevdb import UdevDatabase
 
 Number = tuple[int, int]  # major, minor
@@ -222,6 +224,56 @@ def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
             return None
         return node if node >= 0 else None
     return None
+
+
+SECTOR = 512  # sysfs gives a block device's size in 512-byte sectors, whatever its own
+# The buses whose devices say in sysfs, as text, who made them and what
+# they are: SCSI (SAS, FC, iSCSI, SATA through libata, USB storage: the
+# INQUIRY strings) and NVMe (the controller's or subsystem's model; NVMe
+# has no vendor string). virtio's `vendor` is a PCI vendor number: left out.
+_DESCRIBED_BY = frozenset({"scsi", "nvme", "nvme-subsystem"})
+_MULTIPATH = re.compile(r"(part\d+-)?mpath-")  # a multipath map's DM UUID, or its partition's
+_SLAVE_DEPTH = 2  # a multipath map's partition -> the map -> a path
+
+
+def block_facts(sys_root: Path, number: Number) -> BlockFacts | None:
+    """A block device's size (sysfs `size` x 512), and its vendor and model:
+    those of its SCSI or NVMe device (sysfs `device/vendor`,
+    `device/model`); a partition's are its disk's, a multipath map's those
+    of its first path (slaves/). None when sysfs does not know it. A value
+    that is empty or not printable ASCII is left out."""
+    where = sysfs_dir(sys_root, "b", number)
+    if where is None:
+        return None
+    sectors = _read(where / "size")
+    size = int(sectors) * SECTOR if sectors is not None and sectors.isdigit() else None
+    vendor, model = _vendor_model(where, _SLAVE_DEPTH)
+    return BlockFacts(size, vendor, model)
+
+
+def _vendor_model(where: Path, depth: int) -> tuple[str | None, str | None]:
+    if (where / "partition").exists():
+        where = where.parent
+    device = where / "device"
+    try:
+        bus = os.path.basename(os.readlink(device / "subsystem"))
+    except OSError:
+        bus = None
+    if bus in _DESCRIBED_BY:
+        return _text(device / "vendor"), _text(device / "model")
+    if depth > 0 and _MULTIPATH.match(_read(where / "dm" / "uuid") or ""):
+        try:
+            paths = sorted(os.listdir(where / "slaves"))
+        except OSError:
+            return None, None
+        if paths:
+            return _vendor_model((where / "slaves" / paths[0]).resolve(), depth - 1)
+    return None, None
+
+
+def _text(path: Path) -> str | None:
+    value = _read(path)
+    return value if value is not None and value.isascii() and value.isprintable() else None
 
 
 def devname(sys_dir: Path) -> str | None:

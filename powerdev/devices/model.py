@@ -10,6 +10,16 @@ MAX_ID_LENGTH = 63  # the API documents this bound for Device.ID
 
 
 @dataclass(frozen=True, slots=True)
+class BlockFacts:
+    """What a block device is besides its identity, for DRA's attributes
+    and capacity (identity.block_facts reads them from sysfs)."""
+
+    size: int | None = None  # bytes
+    vendor: str | None = None  # trimmed, as the disk reports it (SCSI INQUIRY)
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One character or block device node, by its path on the host."""
 
@@ -26,6 +36,9 @@ class Device:
     # has partitions. Two holders must never get overlapping blocks.
     whole_disk: tuple[int, int] | None = None
     has_partitions: bool = False
+    # Size, vendor and model of a block device, where a resource wants
+    # them (DRA's attributes); None otherwise.
+    facts: BlockFacts | None = None
     # The device itself, whatever its name: kind and numbers (kept, since
     # the node-wide ledger asks it of every device at every look).
     key: tuple[str, int, int] = field(init=False, repr=False, compare=False)

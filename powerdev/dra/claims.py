@@ -238,6 +238,24 @@ class Claims:
         data = {"version": CHECKPOINT_VERSION, "claims": self._held}
         write_atomically(self.checkpoint_path, json.dumps(data).encode())
 
+    def prepared_devices(self) -> list[tuple[str, str, tuple[tuple[str, str, int, int], ...]]]:
+        """Every device of every prepared claim, as (pool, device name, its
+        nodes as (host path, kind, major, minor)), from the checkpoint; read
+        only (dra/health.py). An entry it cannot read is left out."""
+        found = []
+        for held in self._held.values():
+            try:
+                specs = held["spec"]["devices"]
+                for i, device in enumerate(held["devices"]):
+                    nodes = tuple(
+                        (n["hostPath"], n["type"], n["major"], n["minor"])
+                        for n in specs[i]["containerEdits"]["deviceNodes"]
+                    )
+                    found.append((device["pool"], device["device"], nodes))
+            except (KeyError, IndexError, TypeError):
+                continue
+        return found
+
 
 def _unit(plugin: Plugin, name: str) -> tuple[str, list[Any]] | str:
     """The unit ID and every name of the published device called `name`, if

@@ -6,8 +6,10 @@ slice with the pool's generation and slice count; a new generation on
 every change. A device is one unit of "each" mode (every name of one
 device), named from its unit ID (names.py). Its attributes, for CEL
 selectors: resource, kind (block/char), path, major, minor, wwid or serial
-when its identity gives one, numaNode when known. Strings over 64
-characters (the API's limit) are left out. Unhealthy units are not
+when its identity gives one, numaNode when known, vendor and model when
+a block device's SCSI or NVMe device says (devices/identity.py,
+block_facts). Strings over 64 characters (the API's limit) are left out.
+A block device's capacity: its size in bytes, as a quantity. Unhealthy units are not
 published; host-used devices never reach the inventory (the tracker screens
 them). build_devices() and build_slices() are pure; keep_published()
 follows the resource's inventory and deletes the pool on the way out.
@@ -59,6 +61,10 @@ def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[s
             attributes[attribute] = {"string": value}
     if first.numa is not None:
         attributes["numaNode"] = {"int": first.numa}
+    if first.facts is not None:
+        for key, text in (("vendor", first.facts.vendor), ("model", first.facts.model)):
+            if text:
+                attributes[key] = {"string": text}
     return {
         key: value
         for key, value in attributes.items()
@@ -72,8 +78,14 @@ def build_devices(resource_name: str, devices: Sequence[Device]) -> list[dict[st
     for unit_id, names in by_unit(devices).items():
         if all(d.healthy for d in names):
             ordered = sorted(names, key=lambda d: (len(d.path), d.path))
-            attributes = _attributes(resource_name, ordered)
-            published.append({"name": device_name(unit_id), "attributes": attributes})
+            device: dict[str, Any] = {
+                "name": device_name(unit_id),
+                "attributes": _attributes(resource_name, ordered),
+            }
+            facts = ordered[0].facts
+            if facts is not None and facts.size is not None:
+                device["capacity"] = {"size": {"value": str(facts.size)}}
+            published.append(device)
     return sorted(published, key=lambda d: d["name"])
 
 

@@ -55,7 +55,8 @@ def describe(
     """The device as this resource lists it: None when its udev properties do
     not match; with its NUMA node; in "each" mode, named by its identity
     (multipath UUID, WWN, serial, loop backing file) where it has one, so the
-    same disk keeps its ID across reboots and renumbering."""
+    same disk keeps its ID across reboots and renumbering; for a DRA
+    resource, a block device with its size, vendor and model."""
     number = (device.major, device.minor)
     if resource.match_properties:
         props = identity.properties(sys_root, udev, device.kind, number)
@@ -70,8 +71,11 @@ def describe(
         device_id = unit_id(device, found, sys_root)
     described = f"{found[0]}={found[1]}" if found is not None else None
     whole_disk, has_partitions = None, False
+    facts = None
     if device.kind == "b":
         whole_disk, has_partitions = BlockTopology(sys_root).place(number)
+        if resource.dra:  # size, vendor, model: DRA publishes them
+            facts = identity.block_facts(sys_root, number)
     return replace(
         device,
         id=device_id,
@@ -79,6 +83,7 @@ def describe(
         identity=described,
         whole_disk=whole_disk,
         has_partitions=has_partitions,
+        facts=facts,
     )
 
 

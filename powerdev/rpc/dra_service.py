@@ -1,20 +1,25 @@
 """The kubelet's side of a DRA driver, served: pluginregistration v1 on
 <registry dir>/<driver>-reg.sock (GetInfo: a DRAPlugin, its endpoint and
 the node service versions; NotifyRegistrationStatus) and the DRA node
-service, v1 and v1beta1, on <plugins dir>/<driver>/dra.sock. Thin shells:
-each call crosses into Trio, to powerdev.dra.claims, and the answers are
-built here from its plain data."""
+service, v1 and v1beta1, with the DRA health stream (v1alpha1
+NodeWatchResources: the prepared devices' health, dra/health.py), on
+<plugins dir>/<driver>/dra.sock. Thin shells: each call crosses into Trio,
+to powerdev.dra.claims or powerdev.dra.health, and the answers are built
+here from their plain data."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import grpclib.const
 import trio
 import trio_asyncio
+from grpclib.server import Stream
 
 from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from powerdev._proto.pluginregistration import (
@@ -24,14 +29,31 @@ from powerdev._proto.pluginregistration import (
     RegistrationStatus,
     RegistrationStatusResponse,
 )
+from powerdev._proto.v1alpha1 import (
+    DeviceHealth,
+    DeviceIdentifier,
+    DraResourceHealthBase,
+    HealthStatus,
+    NodeWatchResourcesRequest,
+    NodeWatchResourcesResponse,
+)
+from powerdev.dra import health
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.health import HealthWatch, Report
 from powerdev.rpc.door import serve
+from powerdev.rpc.plugin_service import _send
 
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # the node services, as a registration names them
 SOCKET = "dra.sock"
+WATCH_RESOURCES = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+_STATUS = {
+    health.HEALTHY: HealthStatus.HEALTHY,
+    health.UNHEALTHY: HealthStatus.UNHEALTHY,
+    health.UNKNOWN: HealthStatus.UNKNOWN,
+}
 
 
 def registration_socket(registry_dir: Path, driver: str) -> Path:
@@ -75,7 +97,7 @@ async def _refused(driver: str, error: str) -> None:
     log.error("DRA: the kubelet refused driver %s: %s", driver, error)
 
 
-def _node_service(api: ModuleType, claims: Claims) -> object:
+def _node_service(api: ModuleType, claims: Claims, watch: HealthWatch) -> object:
     """The node service of one API version (v1 and v1beta1 have the same fields)."""
 
     class Node(api.DraPluginBase):  # type: ignore[name-defined,misc]
@@ -83,7 +105,7 @@ def _node_service(api: ModuleType, claims: Claims) -> object:
             refs = [
                 ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims
             ]
-            answers = await trio_asyncio.trio_as_aio(_prepare_all)(claims, refs)
+            answers = await trio_asyncio.trio_as_aio(_prepare_all)(claims, refs, watch)
             return api.NodePrepareResourcesResponse(
                 claims={
                     uid: api.NodePrepareResourceResponse(error=answer)
@@ -108,7 +130,7 @@ def _node_service(api: ModuleType, claims: Claims) -> object:
                 ClaimRef(c.namespace, c.name, c.uid)
                 for c in node_unprepare_resources_request.claims
             ]
-            answers = await trio_asyncio.trio_as_aio(_unprepare_all)(claims, refs)
+            answers = await trio_asyncio.trio_as_aio(_unprepare_all)(claims, refs, watch)
             return api.NodeUnprepareResourcesResponse(
                 claims={
                     uid: api.NodeUnprepareResourceResponse(error=error)
@@ -119,7 +141,9 @@ def _node_service(api: ModuleType, claims: Claims) -> object:
     return Node()
 
 
-async def _prepare_all(claims: Claims, refs: list[ClaimRef]) -> dict[str, object]:
+async def _prepare_all(
+    claims: Claims, refs: list[ClaimRef], watch: HealthWatch
+) -> dict[str, object]:
     """Each claim side by side; an error (a string) for one that failed."""
     answers: dict[str, object] = {}
 
@@ -134,22 +158,80 @@ async def _prepare_all(claims: Claims, refs: list[ClaimRef]) -> dict[str, object
             answers[ref.uid] = f"cannot prepare claim {ref.namespace}/{ref.name}: {err}"
             log.warning("DRA: claim %s/%s not prepared: %s", ref.namespace, ref.name, err)
 
-    async with trio.open_nursery() as nursery:
-        for ref in refs:
-            nursery.start_soon(one, ref)
+    try:
+        async with trio.open_nursery() as nursery:
+            for ref in refs:
+                nursery.start_soon(one, ref)
+    finally:
+        watch.claims_changed()
     return answers
 
 
-async def _unprepare_all(claims: Claims, refs: list[ClaimRef]) -> dict[str, str]:
+async def _unprepare_all(
+    claims: Claims, refs: list[ClaimRef], watch: HealthWatch
+) -> dict[str, str]:
     answers: dict[str, str] = {}
-    for ref in refs:
-        try:
-            await claims.unprepare(ref)
-            answers[ref.uid] = ""
-            log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
-        except OSError as err:
-            answers[ref.uid] = f"cannot remove the CDI spec of claim {ref.uid}: {err}"
+    try:
+        for ref in refs:
+            try:
+                await claims.unprepare(ref)
+                answers[ref.uid] = ""
+                log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+            except OSError as err:
+                answers[ref.uid] = f"cannot remove the CDI spec of claim {ref.uid}: {err}"
+    finally:
+        watch.claims_changed()
     return answers
+
+
+class _Health(DraResourceHealthBase):
+    """NodeWatchResources: the whole list at once, then whenever it changes,
+    and again every health.RESEND seconds. Every stream waits on its own
+    (the report it sent last): nothing is shared or queued between them,
+    and the handler holds nothing that needs closing (the generated
+    handler would iterate an async generator it never closes)."""
+
+    def __init__(self, watch: HealthWatch) -> None:
+        self._watch = watch
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        mapping = super().__mapping__()
+        generated = mapping[WATCH_RESOURCES]
+        mapping[WATCH_RESOURCES] = grpclib.const.Handler(
+            self._watch_resources,
+            generated.cardinality,
+            generated.request_type,
+            generated.reply_type,
+        )
+        return mapping
+
+    async def _watch_resources(
+        self, stream: Stream[NodeWatchResourcesRequest, NodeWatchResourcesResponse]
+    ) -> None:
+        await stream.recv_message()
+        next_report = trio_asyncio.trio_as_aio(self._watch.next_report)
+        sent: Report | None = None
+        while True:
+            report = await next_report(sent)
+            await _send(stream, health_response(report))
+            sent = report
+
+
+def health_response(report: Report, now: float | None = None) -> NodeWatchResourcesResponse:
+    """A report as the kubelet reads it."""
+    when = int(time.time() if now is None else now)
+    return NodeWatchResourcesResponse(
+        devices=[
+            DeviceHealth(
+                device=DeviceIdentifier(pool_name=d.pool, device_name=d.device),
+                health=_STATUS[d.health],
+                last_updated_time=when,
+                health_check_timeout_seconds=health.HEALTH_TIMEOUT,
+                message=d.message,
+            )
+            for d in report.devices
+        ]
+    )
 
 
 async def serve_driver(
@@ -161,13 +243,18 @@ async def serve_driver(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the node service, then the registration socket (so whatever the
-    kubelet finds is already served), until cancelled."""
+    """Serve the node service and the health stream, then the registration
+    socket (so whatever the kubelet finds is already served), until cancelled."""
     node_socket = endpoint(plugins_dir, driver)
     os.makedirs(node_socket.parent, exist_ok=True)
     os.makedirs(registry_dir, exist_ok=True)
     async with trio.open_nursery() as nursery:
-        services = [_node_service(v1, claims), _node_service(v1beta1, claims)]
+        watch = HealthWatch(claims.prepared_devices, claims.plugins, claims.node)
+        services = [
+            _node_service(v1, claims, watch),
+            _node_service(v1beta1, claims, watch),
+            _Health(watch),
+        ]
         await nursery.start(serve, node_socket, services)
         registration = _Registration(driver, node_socket, registered)
         await nursery.start(serve, registration_socket(registry_dir, driver), [registration])

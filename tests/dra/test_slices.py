@@ -1,8 +1,8 @@
 """powerdev's ResourceSlices, published by the real supervisor (in this
 process) to the kit's real API server, which validates them: a pool per
 node and resource, kept current as device nodes come and go, host-used
-devices left out, 128 devices a slice, and the pool deleted when powerdev
-stops."""
+devices left out, 128 devices a slice, a block device's size (capacity),
+vendor and model, and the pool deleted when powerdev stops."""
 
 from __future__ import annotations
 
@@ -55,12 +55,11 @@ async def publishing(
     full = Settings(
         plugin_dir=tmp_path / "device-plugins",
         dev_root=dev,
-        sys_root=Path("/sys"),
         uevents="off",
         cdi_spec_dir=tmp_path / "cdi",
         pod_resources_socket=None,
         dra=dra,
-        **settings,  # type: ignore[arg-type]
+        **{"sys_root": Path("/sys"), **settings},  # type: ignore[arg-type]
     )
     parsed = parse_config(config, source="config.json")
     async with asyncio_door(), trio.open_nursery() as nursery:
@@ -172,3 +171,33 @@ async def test_a_resource_that_leaves_the_config_takes_its_pool_with_it(
             await api.wait_gone(SLICES, gone)
             item = await api.get(f"{SLICES}/{kept}")
             assert paths(item) == ["/dev/dra0"]
+
+
+async def test_a_block_devices_size_vendor_and_model_are_accepted(api, control_plane, tmp_path):
+    """Block nodes of a multipath map and an NVMe namespace, over a sysfs
+    tree shaped like the kernel's: the API server takes their capacity and
+    attributes as published."""
+    from tests.unit.test_dra import block_tree
+
+    sys_root = block_tree(tmp_path)
+    (sys_root / "devices/virtual/block/dm-3/size").write_text("2097152\n")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(dev / "lun0", stat.S_IFBLK | 0o600, os.makedev(253, 3))
+    os.mknod(dev / "lun1", stat.S_IFBLK | 0o600, os.makedev(259, 0))
+    with trio.fail_after(LIMIT):
+        async with publishing(tmp_path, control_plane, dev, dra_config(), sys_root=sys_root) as (
+            node,
+            driver,
+        ):
+            item = await api.wait_for(SLICES, slice_name(node, driver, RESOURCE, 0))
+            found = {d["attributes"]["path"]["string"]: d for d in item["spec"]["devices"]}
+            assert sorted(found) == ["/dev/lun0", "/dev/lun1"]
+            mpath, nvme = found["/dev/lun0"], found["/dev/lun1"]
+            assert mpath["capacity"] == {"size": {"value": "1073741824"}}  # bytes, kept as sent
+            assert mpath["attributes"]["vendor"] == {"string": "NETAPP"}
+            assert mpath["attributes"]["model"] == {"string": "LUN C-Mode"}
+            assert mpath["attributes"]["kind"] == {"string": "block"}
+            assert nvme["capacity"] == {"size": {"value": "4096"}}
+            assert nvme["attributes"]["model"] == {"string": "Samsung SSD 970 EVO Plus 1TB"}
+            assert "vendor" not in nvme["attributes"]

@@ -11,6 +11,7 @@ import json
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
@@ -305,3 +306,206 @@ async def test_publishing_outlasts_an_api_server_away_follows_changes_and_delete
             assert pool.generation == 6 and len(api.slices) == 1
             nursery.cancel_scope.cancel()
     assert api.slices == {}  # deleted on the way out
+
+
+# --- the prepared devices' health (dra/health.py) ---------------------------------------
+
+SDB = ("/dev/sdb", "b", 8, 16)
+MAPPER = ("/dev/mapper/b", "b", 8, 16)
+
+
+def health_of(nodes, listed, *, served=True):
+    from powerdev.dra.health import assess
+
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    plugin = Plugin(resource, Inventory(listed), refresh=None, spec=None)
+    found = assess(POOL, "u1", nodes, plugin if served else None)
+    return found.health, found.message
+
+
+@pytest.mark.parametrize(
+    ("nodes", "listed", "health", "why"),
+    [
+        ((SDB,), [dev("/dev/sdb", 16, unit="u1")], "Healthy", ""),
+        ((SDB,), [], "Unhealthy", "gone: /dev/sdb no longer on the host"),
+        ((SDB,), [dev("/dev/sdb", 17, unit="u1")], "Unhealthy", "now another device (8:17)"),
+        ((SDB,), [dev("/dev/sdb", 16, unit="u1", healthy=False)], "Unhealthy", "used by the host"),
+        # one of its names gone, the device still there under the other: Healthy
+        ((SDB, MAPPER), [dev("/dev/sdb", 16, unit="u1")], "Healthy", ""),
+        # a name still there but unhealthy spoils it
+        (
+            (SDB, MAPPER),
+            [dev("/dev/sdb", 16, unit="u1"), dev("/dev/mapper/b", 16, unit="u1", healthy=False)],
+            "Unhealthy",
+            "/dev/mapper/b not usable now",
+        ),
+        ((), [], "Unhealthy", "it has no node"),
+    ],
+)
+def test_a_prepared_device_is_healthy_while_listed_as_itself_and_healthy(
+    nodes, listed, health, why
+):
+    found, message = health_of(nodes, listed)
+    assert found == health
+    assert why in message
+
+
+def test_a_device_of_a_resource_no_longer_served_is_unknown():
+    assert health_of((SDB,), [], served=False) == (
+        "Unknown",
+        "its resource is no longer served here",
+    )
+
+
+async def test_the_prepared_devices_are_read_from_the_claims(tmp_path):
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    claims = make_claims(tmp_path, api, DEVICES)
+    assert claims.prepared_devices() == []
+    await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    assert claims.prepared_devices() == [(POOL, "u1", (SDB,))]
+    again = make_claims(tmp_path, api, DEVICES)  # from the checkpoint, after a restart
+    again.load()
+    assert again.prepared_devices() == [(POOL, "u1", (SDB,))]
+
+
+async def test_each_stream_gets_the_list_at_once_then_changes_and_again_every_resend(
+    tmp_path, autojump_clock
+):
+    from powerdev.dra.health import RESEND, HealthWatch
+
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    claims = make_claims(tmp_path, api, DEVICES)
+    (plugin,) = claims.plugins()
+    watch = HealthWatch(claims.prepared_devices, claims.plugins, NODE)
+    with trio.fail_after(100):
+        first = await watch.next_report(None)  # at once, even empty
+        assert first.devices == ()
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+        watch.claims_changed()
+        began = trio.current_time()
+        healthy = await watch.next_report(first)
+        assert trio.current_time() == began  # woken by the claim, not the timer
+        assert [(d.device, d.health) for d in healthy.devices] == [("u1", "Healthy")]
+
+        # Two streams, each on its own: a change that leaves the list as it
+        # was wakes them, and they wait on; the removal is sent at once.
+        got = {}
+
+        async def stream(name):
+            got[name] = await watch.next_report(healthy)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream, "a")
+            nursery.start_soon(stream, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            plugin.inventory.update({"/dev/sdd": dev("/dev/sdd", 48, unit="u4")})
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == {}
+            plugin.inventory.update({"/dev/sdb": None})
+        assert trio.current_time() == began
+        for report in got.values():
+            ((device, health, message),) = [(d.device, d.health, d.message) for d in report.devices]
+            assert (device, health) == ("u1", "Unhealthy")
+            assert "/dev/sdb no longer on the host" in message
+
+        # Nothing changes: the same list again after RESEND seconds.
+        again = await watch.next_report(got["a"])
+        assert trio.current_time() == began + RESEND
+        assert again.devices == got["a"].devices
+
+        await claims.unprepare(ClaimRef("ns", "c1", "uid-1"))
+        watch.claims_changed()
+        assert (await watch.next_report(again)).devices == ()
+        assert trio.current_time() == began + RESEND
+
+
+# --- size, vendor and model (devices/identity.py block_facts; slices) -------------------
+
+
+def test_a_block_device_publishes_its_size_as_capacity_and_its_vendor_and_model():
+    from powerdev.devices.model import BlockFacts
+
+    def described(unit, minor, facts):
+        return Device(unit, f"/dev/{unit}", "b", 8, minor, facts=facts)
+
+    devices = [
+        described("u1", 0, BlockFacts(1 << 30, "IBM", "2145")),
+        described("u2", 16, BlockFacts(0, None, "M" * 65)),  # a model too long: left out
+        described("u3", 32, None),  # no facts (not asked for, or sysfs does not know it)
+    ]
+    published = {d["name"]: d for d in build_devices(RESOURCE, devices)}
+    assert published["u1"]["capacity"] == {"size": {"value": "1073741824"}}
+    assert published["u1"]["attributes"]["vendor"] == {"string": "IBM"}
+    assert published["u1"]["attributes"]["model"] == {"string": "2145"}
+    assert published["u2"]["capacity"] == {"size": {"value": "0"}}
+    assert not {"vendor", "model"} & set(published["u2"]["attributes"])
+    assert "capacity" not in published["u3"]
+
+
+def block_tree(tmp_path):
+    """A SCSI disk sda (and sda1), an NVMe namespace, a multipath map over
+    two SCSI paths and a partition of it, an LVM volume, a virtio disk."""
+    from tests.unit.test_identity import NVME, SCSI_DEV, VDA, FakeSys, scsi_disk
+
+    tree = FakeSys(tmp_path / "sys")
+    scsi_disk(tree)
+    tree.link(f"{SCSI_DEV}/subsystem", "../../../../../../bus/scsi")
+    tree.file(f"{SCSI_DEV}/vendor", "IBM     \n")
+    tree.file(f"{SCSI_DEV}/model", "2145            \n")
+    tree.file("pci0000:00/0000:00:1f.2/host0/target0:0:0/0:0:0:0/block/sda/size", "2097152\n")
+    tree.file(f"{NVME}/model", "Samsung SSD 970 EVO Plus 1TB            \n")
+    tree.link(f"{NVME}/subsystem", "../../../../../../class/nvme")
+    tree.device(f"{NVME}/nvme0n1", (259, 0), uevent={"DEVTYPE": "disk"}, files={"size": "8\n"})
+    tree.link(f"{NVME}/nvme0n1/device", "..")
+    for host, sd, minor, vendor in (
+        ("host1", "sdb", 16, "NETAPP  "),
+        ("host2", "sdc", 32, "\x01?"),
+    ):
+        scsi = f"pci0000:00/0000:00:1f.3/{host}/target1:0:0/1:0:0:0"
+        tree.device(f"{scsi}/block/{sd}", (8, minor), uevent={"DEVTYPE": "disk"})
+        tree.link(f"{scsi}/block/{sd}/device", "../../../1:0:0:0")
+        tree.link(f"{scsi}/subsystem", "../../../../../../bus/scsi")
+        tree.file(f"{scsi}/vendor", vendor + "\n")
+        tree.file(f"{scsi}/model", "LUN C-Mode\n")
+    maps = (
+        ("dm-3", 3, "mpath-3600a098038303053453f463045727a", ("sdb", "sdc")),
+        ("dm-4", 4, "part1-mpath-3600a098038303053453f463045727a", ("dm-3",)),
+        ("dm-5", 5, "LVM-Xy12", ("sdb",)),
+    )
+    for name, minor, uuid, slaves in maps:
+        made = tree.device(f"virtual/block/{name}", (253, minor), files={"dm/uuid": uuid + "\n"})
+        (made / "slaves").mkdir()
+        for slave in slaves:
+            where = tree.root / "dev" / "block"
+            target = {"sdb": "8:16", "sdc": "8:32", "dm-3": "253:3"}[slave]
+            tree.link(f"virtual/block/{name}/slaves/{slave}", str((where / target).resolve()))
+    tree.device(VDA, (252, 0), uevent={"DEVTYPE": "disk"}, files={"size": "1\n"})
+    tree.link(f"{VDA}/device", "../..")
+    tree.file(VDA.rsplit("/", 2)[0] + "/vendor", "0x1af4\n")
+    tree.link(VDA.rsplit("/", 2)[0] + "/subsystem", "../../../../bus/virtio")
+    return tree.root
+
+
+@pytest.mark.parametrize(
+    ("number", "facts"),
+    [
+        ((8, 0), (1 << 30, "IBM", "2145")),  # SCSI: INQUIRY strings, trimmed
+        ((8, 1), (None, "IBM", "2145")),  # a partition: its disk's (no size file here)
+        ((259, 0), (4096, None, "Samsung SSD 970 EVO Plus 1TB")),  # NVMe: no vendor string
+        ((253, 3), (None, "NETAPP", "LUN C-Mode")),  # multipath: its first path's
+        ((253, 4), (None, "NETAPP", "LUN C-Mode")),  # a partition of the map: the same
+        ((253, 5), (None, None, None)),  # LVM: no one disk
+        ((252, 0), (512, None, None)),  # virtio: its "vendor" is a number
+        ((8, 32), (None, None, "LUN C-Mode")),  # a vendor that is not printable: left out
+    ],
+)
+def test_block_facts_come_from_scsi_and_nvme_devices_and_multipath_paths(tmp_path, number, facts):
+    from powerdev.devices.identity import block_facts
+
+    root = block_tree(tmp_path)
+    found = block_facts(root, number)
+    assert found is not None
+    assert (found.size, found.vendor, found.model) == facts
+    assert block_facts(root, (8, 99)) is None
