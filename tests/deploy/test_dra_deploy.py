@@ -51,6 +51,8 @@ from tests.deploy.test_manifests import (
     ROOT,
     kustomize,
 )
+from tests.docs.markdown import blocks
+from tests.e2e import kubeapi
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubeapi import Api, ApiError
 
@@ -303,6 +305,40 @@ def test_the_both_example_is_a_valid_config():
     assert config.resources[0].api == "both"
 
 
+DRA_PAGE = ROOT / "docs" / "dra.md"
+
+
+def page_manifests() -> list[dict]:
+    """The manifests of docs/dra.md (blocks marked "not run: a manifest")."""
+    return [
+        doc
+        for b in blocks(DRA_PAGE)
+        if b.kind == "not run" and b.value.startswith("a manifest")
+        for doc in yaml.safe_load_all(b.text)
+    ]
+
+
+def test_the_pages_migration_snippet_is_the_components_config_but_both():
+    """docs/dra.md's "both" step: the shipped DRA config, "api" aside."""
+    (snippet,) = [
+        yaml.safe_load(b.text)
+        for b in blocks(DRA_PAGE)
+        if b.kind == "render" and "patches" in (yaml.safe_load(b.text) or {})
+    ]
+    assert snippet["components"] == ["dra"]
+    (patch,) = snippet["patches"]
+    (op,) = yaml.safe_load(patch["patch"])
+    both = json.loads(op["value"])
+    component = yaml.safe_load((ROOT / "deploy" / "dra" / "kustomization.yaml").read_text())
+    (shipped,) = [
+        json.loads(yaml.safe_load(p["patch"])[0]["value"])
+        for p in component["patches"]
+        if p["target"]["kind"] == "ConfigMap"
+    ]
+    assert (both.pop("api"), shipped.pop("api")) == ("both", "dra")
+    assert both == shipped
+
+
 # --- against the kit's API server ---------------------------------------------------
 
 
@@ -389,6 +425,31 @@ async def test_the_example_template_makes_the_pods_claim_of_the_class(api, contr
             )
     finally:
         kubectl(control_plane, "delete", "namespace", namespace, "--wait=false")
+
+
+async def test_the_pages_manifests_are_accepted(api, applied):
+    """docs/dra.md's DeviceClass, templates and pod, as the API server
+    would store them (dry run: nothing is kept), their CEL compiled."""
+    manifests = page_manifests()
+    assert sorted(d["kind"] for d in manifests) == [
+        "DeviceClass",
+        "Pod",
+        "ResourceClaimTemplate",
+        "ResourceClaimTemplate",
+    ]
+    namespace = f"dra-page-{secrets.token_hex(3)}"
+    with trio.fail_after(LIMIT):
+        await api.create_namespace(namespace)
+        try:
+            for doc in manifests:
+                where = None if doc["kind"] == "DeviceClass" else namespace
+                stored = await api.create(path_of(doc, where).rsplit("/", 1)[0], doc, dryRun="All")
+                assert (stored["kind"], stored["metadata"]["name"]) == (
+                    doc["kind"],
+                    doc["metadata"]["name"],
+                )
+        finally:
+            await api.delete(f"/api/v1/namespaces/{namespace}")
 
 
 def review(
@@ -610,6 +671,30 @@ async def powerdev_process(command: list[str], log: Path) -> AsyncIterator[trio.
             proc.kill()
 
 
+def selecting() -> dict:
+    """A claim for one device of deploy/dra's class, narrowed by CEL over
+    the published attributes (none of the test's devices has a wwid)."""
+    attributes = f'device.attributes["{DRIVER}"]'
+    expression = (
+        f'{attributes}.kind == "char" && !("wwid" in {attributes}) && '
+        f'{attributes}.path.startsWith("/dev/dm-") && {attributes}.major > 0'
+    )
+    request = {
+        "name": "dev",
+        "exactly": {
+            "deviceClassName": "power-dev-plugin-dev",
+            "count": 1,
+            "selectors": [{"cel": {"expression": expression}}],
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "selecting"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
 def example_for(node: str) -> list[dict]:
     """examples/dra's check script, template and pod as rendered, in the
     node's namespace, the pod kept to the node (a nodeSelector and the
@@ -728,6 +813,28 @@ async def test_powerdev_publishes_and_prepares_under_exactly_that_role(
                 (device,) = resolved["linuxDevices"]
                 assert device["path"].startswith("/dev/dm-")
                 assert (device["gid"], device["fileMode"]) == (6, 0o660)
+
+                # A claim that selects on the attributes as docs/dra.md shows,
+                # guarded with `in`: the real scheduler evaluates it.
+                await api.create(f"{RESOURCE_API}/namespaces/{node}/resourceclaims", selecting())
+                await api.create_pod(
+                    node,
+                    kubeapi.pod(
+                        "selecting",
+                        kubeapi.container("c0", {"claims": [{"name": "dev"}]}),
+                        resourceClaims=[{"name": "dev", "resourceClaimName": "selecting"}],
+                        nodeSelector={"kubernetes.io/hostname": node},
+                        tolerations=[{"key": TAINT, "operator": "Equal", "value": node}],
+                    ),
+                )
+                selected = await api.wait_for(
+                    f"{RESOURCE_API}/namespaces/{node}/resourceclaims",
+                    "selecting",
+                    lambda c: c.get("status", {}).get("allocation"),
+                )
+                (chosen,) = selected["status"]["allocation"]["devices"]["results"]
+                assert chosen["pool"] == pool_name(node, RESOURCE)
+                assert chosen["device"] != result["device"]  # one device, one claim
 
                 # What the token may not do.
                 await until_the_policy_holds(as_powerdev, node)
