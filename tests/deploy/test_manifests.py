@@ -31,6 +31,7 @@ KUSTOMIZATIONS = [
     "deploy/webhook/openshift",
     "examples",
     "examples/openshift",
+    "examples/dra",
 ]
 
 
@@ -55,26 +56,34 @@ def test_there_is_something_to_check():
     assert kinds == [
         "Certificate",
         "Certificate",
+        "ClusterRole",
+        "ClusterRoleBinding",
         "ConfigMap",
         "ConfigMap",
         "DaemonSet",
         "Deployment",
         "Deployment",
+        "DeviceClass",
         "Issuer",
         "Issuer",
         "MutatingWebhookConfiguration",
         "Namespace",
         "Namespace",
+        "Namespace",
         "NetworkPolicy",
+        "Pod",
         "Pod",
         "PodDisruptionBudget",
         "PodMonitor",
+        "ResourceClaimTemplate",
         "Role",
         "RoleBinding",
         "SecurityContextConstraints",
         "Service",
         "ServiceAccount",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 
@@ -113,9 +122,10 @@ def with_component(tmp_path: Path, overlay: str, component: str, patches=()) -> 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
 def test_kustomizations_build(directory):
     docs = kustomize(ROOT / directory)
+    namespaces = ("power-device-plugin", "power-dev-example", "power-dev-dra-example")
     for doc in docs:
         if doc["kind"] in ("DaemonSet", "Deployment", "Pod", "ServiceAccount", "ConfigMap"):
-            assert doc["metadata"]["namespace"] in ("power-device-plugin", "power-dev-example")
+            assert doc["metadata"]["namespace"] in namespaces
     if directory.startswith("deploy") and directory != "deploy/monitoring":
         (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
         image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -232,11 +242,15 @@ def test_daemonset_scheduling_updates_and_probes():
     assert set(container["resources"]["limits"]) == {"cpu", "memory"}
 
 
-def test_no_rbac_outside_the_openshift_overlay():
+def test_no_rbac_outside_the_openshift_overlay_and_the_dra_component():
+    """The device plugin API needs no API server: RBAC comes only with the
+    SCC (OpenShift) and with DRA (tests/deploy/test_dra_deploy.py says
+    exactly what that grants)."""
     for path, doc in manifests():
         if doc["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
-            assert path.parts[:2] == ("deploy", "openshift"), path
-            assert doc["kind"] in ("Role", "RoleBinding")
+            assert path.parts[:2] in (("deploy", "openshift"), ("deploy", "dra")), path
+            if path.parts[:2] == ("deploy", "openshift"):
+                assert doc["kind"] in ("Role", "RoleBinding")
 
 
 def test_the_configmap_is_a_valid_seed_config():
@@ -283,9 +297,10 @@ def test_examples_do_real_io_as_non_root():
     text = script["data"]["check.sh"]
     assert "dd if=" in text and "bs=4096 count=1" in text  # reads each block device
     assert "3<>/dev/crypto/nx-gzip" in text  # opens nx-gzip read-write
-    (pod,) = [d["spec"] for d in documents("Pod", "examples/")]
+    pods = [d["spec"] for d in documents("Pod", "examples/")]
     (deployment,) = [d["spec"]["template"]["spec"] for d in documents("Deployment", "examples/")]
-    for spec in (pod, deployment):
+    assert len(pods) == 2  # one through the device plugin API, one through DRA
+    for spec in (*pods, deployment):
         assert spec["securityContext"]["runAsUser"] != 0
         assert spec["securityContext"]["supplementalGroups"] == [6]
         (container,) = spec["containers"]
@@ -293,20 +308,27 @@ def test_examples_do_real_io_as_non_root():
 
 
 def test_examples_run_unprivileged_and_ask_for_the_resource():
-    pod = documents("Pod")[0]["spec"]
+    """Each example pod runs unprivileged; those of examples/base ask for the
+    extended resource, the one of examples/dra for its claim instead."""
+    (pod,) = [d["spec"] for d in documents("Pod", "examples/base")]
+    (dra_pod,) = [d["spec"] for d in documents("Pod", "examples/dra")]
     (deployment,) = [
         d["spec"]["template"]["spec"]
         for p, d in manifests()
         if p.parts[0] == "examples" and d["kind"] == "Deployment"
     ]
-    for spec in (pod, deployment):
+    for spec in (pod, deployment, dra_pod):
         assert spec["securityContext"]["runAsNonRoot"] is True
         for container in spec["containers"]:
             ctx = container["securityContext"]
             assert ctx["privileged"] is False and ctx["allowPrivilegeEscalation"] is False
             assert ctx["capabilities"] == {"drop": ["ALL"]}
             assert ctx["readOnlyRootFilesystem"] is True
-            assert container["resources"]["limits"]["power-dev-plugin/dev"] == "1"
+            if spec is dra_pod:
+                assert "power-dev-plugin/dev" not in container["resources"]["limits"]
+                assert container["resources"]["claims"] == [{"name": "dev"}]
+            else:
+                assert container["resources"]["limits"]["power-dev-plugin/dev"] == "1"
 
 
 def test_dockerfile_passes_hadolint_at_error_level():
