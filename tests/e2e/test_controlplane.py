@@ -10,7 +10,7 @@ import re
 import trio
 
 from powerdev.devtools import kit
-from tests.e2e.kubeapi import NOT_READY_TAINT, container, pod
+from powerdev.devtools.cluster.client import NOT_READY_TAINT, container, pod
 
 LIMIT = 60  # seconds: the bound of each test here
 DEVICE = "example.com/dev"

@@ -1,8 +1,8 @@
-"""A one-node Kubernetes control plane for end-to-end tests: etcd,
-kube-apiserver, kube-scheduler and kube-controller-manager from the
-conformance kit (kit.py finds them), on 127.0.0.1 only, with the certificates
-and kubeconfigs of pki.py. No kubelet and no container runtime: tests make
-Node objects and pods themselves (kubeapi.py).
+"""A one-node Kubernetes control plane for the end-to-end tests and the
+bench: etcd, kube-apiserver, kube-scheduler and kube-controller-manager
+from the conformance kit (kit.py finds them), on 127.0.0.1 only, with the
+certificates and kubeconfigs of pki.py. No kubelet and no container
+runtime: tests make Node objects and pods themselves (client.py).
 
 `run()` is a Trio service. It starts each process once the one before is
 ready: etcd prints a ready line; the API server answers /readyz; the
@@ -13,7 +13,7 @@ STOP_LIMIT. Each process's output goes to DIR/logs/NAME.log.
 
 pytest-trio gives every test its own Trio loop, so a control plane shared by
 a session cannot live in one: `in_thread()` runs it on a loop of its own, in
-a thread. `python -m tests.e2e.controlplane DIR` runs one until Ctrl-C.
+a thread. `python -m powerdev.devtools.cluster.controlplane DIR` runs one until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import httpx
 import trio
 
 from powerdev.devtools import kit
-from tests.e2e.kubeapi import Api
-from tests.e2e.pki import Pki, make_pki, write_kubeconfigs
+from powerdev.devtools.cluster.client import Api
+from powerdev.devtools.cluster.pki import Pki, make_pki, write_kubeconfigs
 
 START_LIMIT = 120.0  # seconds for the whole start, on a busy 2-core machine
 STOP_LIMIT = 15.0  # seconds each process has after SIGTERM before SIGKILL
@@ -445,5 +445,8 @@ async def _main(root: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.e2e.controlplane DIR  (an empty or new directory)")
+        sys.exit(
+            "usage: python -m powerdev.devtools.cluster.controlplane DIR  "
+            "(an empty or new directory)"
+        )
     trio.run(_main, Path(sys.argv[1]).resolve())
