@@ -134,9 +134,12 @@ class Component:
     output: Output
     stopping: bool = False
     killed: bool = False
+    crashed: bool = False  # killed on purpose: stop_apiserver(kill=True)
 
     def stop_problem(self) -> str | None:
         """Why its stop was not clean, or None."""
+        if self.crashed:
+            return None
         if self.killed:
             return f"{self.name} did not stop within {STOP_LIMIT} s of SIGTERM and was killed"
         if self.proc.returncode not in CLEAN_EXIT.get(self.name, (0,)):
@@ -163,14 +166,25 @@ class ControlPlane:
     _apiserver_argv: list[str] = field(default_factory=list, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)
 
-    async def stop_apiserver(self) -> None:
-        """Stop kube-apiserver alone (SIGTERM; SIGKILL after STOP_LIMIT)
-        and return once it has exited and its log is whole. etcd, with the
-        cluster's data, and the other processes go on; its port stays
-        reserved, so that nothing else takes it before start_apiserver().
-        From the Trio loop that runs the control plane (not in_thread())."""
+    async def stop_apiserver(self, *, kill: bool = False) -> None:
+        """Stop kube-apiserver alone and return once it has exited and its
+        log is whole. etcd, with the cluster's data, and the other processes
+        go on; its port stays reserved, so that nothing else takes it before
+        start_apiserver(). From the Trio loop that runs the control plane
+        (not in_thread()).
+
+        SIGTERM, and SIGKILL after STOP_LIMIT: a graceful stop, which waits
+        for open watches until its shutdown timeout (60 s), longer than
+        STOP_LIMIT. With `kill`, SIGKILL at once: a crash (the kubelet
+        kills a static pod's API server that outlasts its grace period),
+        every connection cut without an answer."""
         apiserver = self._component("kube-apiserver")
-        await _stop(apiserver)
+        if kill:
+            apiserver.stopping = apiserver.crashed = True
+            apiserver.proc.kill()
+            await apiserver.proc.wait()
+        else:
+            await _stop(apiserver)
         await apiserver.output.wait_ended()
         problem = apiserver.stop_problem()
         if problem:
