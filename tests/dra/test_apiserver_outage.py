@@ -65,14 +65,11 @@ def published(log: str) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def daemon(node: Node, log: Path) -> AsyncIterator[trio.Process]:
-    """`powerdev run`, its log in `log`, once the kubelet has registered it
-    (and so asked it to publish its pool again). SIGTERM on the way out."""
+async def running(command: list[str], log: Path) -> AsyncIterator[trio.Process]:
+    """`powerdev run`, its log in `log`; SIGTERM on the way out."""
     with log.open("ab") as stderr:
-        proc = await trio.lowlevel.open_process(node.command, stderr=stderr)
+        proc = await trio.lowlevel.open_process(command, stderr=stderr)
     try:
-        await node.harness.wait_driver(node.driver)
-        await wait_for_file(log, lambda text: "the kubelet registered driver" in text)
         yield proc
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
@@ -80,6 +77,16 @@ async def daemon(node: Node, log: Path) -> AsyncIterator[trio.Process]:
             await proc.wait()
         if proc.returncode is None:
             proc.kill()
+
+
+@contextlib.asynccontextmanager
+async def daemon(node: Node, log: Path) -> AsyncIterator[trio.Process]:
+    """`powerdev run` once the kubelet has registered it (and so asked it to
+    publish its pool again)."""
+    async with running(node.command, log) as proc:
+        await node.harness.wait_driver(node.driver)
+        await wait_for_file(log, lambda text: "the kubelet registered driver" in text)
+        yield proc
 
 
 @contextlib.asynccontextmanager
@@ -113,8 +120,9 @@ async def node_prepare(node: Node, *claims: dict) -> dict[str, v1.NodePrepareRes
     return dict(answer.claims)
 
 
-async def node_slices(api: Api, node: Node) -> list[dict]:
-    listing = await api.get(SLICES, fieldSelector=f"spec.nodeName={node.name}")
+async def node_slices(api: Api, node: str) -> list[dict]:
+    """Every ResourceSlice of the node."""
+    listing = await api.get(SLICES, fieldSelector=f"spec.nodeName={node}")
     return listing["items"]
 
 
@@ -184,7 +192,7 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             now = sorted({*three, "/dev/dra3"} - {spare})
             after = await api.wait_for(SLICES, first, lambda s: paths(s) == now)
             # One pool, in one slice, the same object written once more.
-            (only,) = await node_slices(api, node)
+            (only,) = await node_slices(api, node.name)
             assert only["metadata"]["name"] == first
             assert only["metadata"]["uid"] == before["metadata"]["uid"]
             assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
@@ -215,3 +223,4 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
                 pool["generation"] + 1,
             ]
             assert plane.failures() == []
+
