@@ -20,6 +20,7 @@ through the CDI library, and the new claim prepares."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 from collections.abc import AsyncIterator
@@ -33,7 +34,7 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster import controlplane
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import is_root, make_nodes
+from powerdev.devtools.testing import is_root, make_nodes, run_command
 from powerdev.dra.names import pool_name, slice_name
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.dra_service import endpoint
@@ -224,3 +225,58 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             ]
             assert plane.failures() == []
 
+
+async def test_a_pool_that_shrinks_to_one_slice_meanwhile_loses_its_second_slice_after(tmp_path):
+    """129 devices, two slices; one device goes while the API server is
+    away: once it is back, one slice of 128, written once more, and the
+    second slice deleted. No kubelet: nothing else asks for a publication."""
+    tools = require_tools(("etcd", "kube-apiserver"))
+    dev = tmp_path / "dev"
+    make_nodes(dev, [f"dra{i}" for i in range(129)])
+    config = tmp_path / "config.json"
+    entry = {"name": RESOURCE, "api": "dra", "include-devices": ["/dev/dra*"]}
+    config.write_text(json.dumps({"resources": [entry]}))
+    node, driver = "dra-shrink", "dra-shrink.powerdev.test"  # a control plane of its own
+    log = tmp_path / "powerdev.log"
+    with trio.fail_after(LIMIT):
+        async with (
+            controlplane.running(tmp_path / "cp", tools, controllers=False) as plane,
+            plane.api() as api,
+        ):
+            _, plugins, _ = dirs(tmp_path)
+            command = run_command(
+                tmp_path / "device-plugins",
+                config,
+                dev,
+                *("--uevents", "off", "--cdi-spec-dir", str(tmp_path / "cdi")),
+                *("--node-name", node, "--dra-driver", driver),
+                *("--kubeconfig", str(plane.kubeconfig), "--dra-plugins-dir", str(plugins)),
+                *("--dra-registry-dir", str(tmp_path / "plugins_registry")),
+            )
+            first, second = (slice_name(node, driver, RESOURCE, i) for i in (0, 1))
+            async with running(command, log):
+                two = await api.wait_for(
+                    SLICES, second, lambda s: s["spec"]["pool"]["resourceSliceCount"] == 2
+                )
+                generation = two["spec"]["pool"]["generation"]
+                before = await api.get(f"{SLICES}/{first}")
+                assert before["spec"]["pool"]["generation"] == generation
+                text = await wait_for_file(log, lambda t: generation in published(t))
+                assert published(text) == [generation]
+
+                async with outage(plane):
+                    (dev / "dra128").unlink()
+                    await wait_for_file(log, lambda text: "removed dra128;" in text)
+
+                await api.wait_gone(SLICES, second)
+                (after,) = await node_slices(api, node)
+                assert after["metadata"]["name"] == first
+                assert after["metadata"]["uid"] == before["metadata"]["uid"]
+                assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
+                pool = after["spec"]["pool"]
+                assert pool["resourceSliceCount"] == 1 and pool["generation"] > generation
+                assert paths(after) == sorted(f"/dev/dra{i}" for i in range(128))
+                assert len({d["name"] for d in after["spec"]["devices"]}) == 128
+                text = await wait_for_file(log, lambda t: len(published(t)) > 1)
+                assert published(text) == [generation, pool["generation"]]
+            assert plane.failures() == []
