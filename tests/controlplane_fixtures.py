@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from powerdev.devtools import kit
+from powerdev.devtools.cluster import controlplane
+from powerdev.devtools.cluster.client import Api
+from powerdev.devtools.cluster.controlplane import ControlPlane
 from tests import conftest
-from tests.e2e import controlplane
-from tests.e2e.controlplane import ControlPlane
-from tests.e2e.kubeapi import Api
 
 NEEDED = (*kit.CONTROL_PLANE, "kubectl")
 # Names the API server resolves to 127.0.0.1: the webhook's Service, for the

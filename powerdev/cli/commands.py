@@ -211,6 +211,15 @@ def bench(args: argparse.Namespace) -> int:
         if args.quick
         else benchmark.Plan(sizes=tuple(int(n) for n in args.sizes.split(",")))
     )
+    if args.dra:
+        from powerdev.devtools import dra_bench
+
+        problem = dra_bench.problem()
+        if problem:
+            print(f"powerdev bench --dra: {problem}", file=sys.stderr)
+            return 1
+        trio.run(partial(dra_bench.run_bench, plan, args.json))
+        return 0
     trio.run(partial(benchmark.run_bench, plan, args.json))
     return 0
 

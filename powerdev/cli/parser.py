@@ -148,6 +148,12 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "--sizes", default="1000,10000", help="device counts, comma-separated [default 1000,10000]"
     )
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    bench.add_argument(
+        "--dra",
+        action="store_true",
+        help="measure DRA instead: ResourceSlice publication and NodePrepareResources against "
+        "the conformance kit's etcd and kube-apiserver, which it starts (bash conformance/build)",
+    )
     _choice(
         bench,
         "--log-level",

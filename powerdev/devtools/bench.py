@@ -13,7 +13,8 @@ devices.
 Where the kubelet's real device manager (dmharness) is on the machine, also
 at each device count: the first pod admission right after start, steady
 admissions, and kubelet restart to capacity back, as the kubelet times them.
-It asserts nothing; `--json` writes the figures.
+It asserts nothing; `--json` writes the figures. `--dra` measures powerdev
+as a DRA driver instead (dra_bench.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from powerdev.devtools.testing import (
     rss_kib,
     run_command,
 )
+from powerdev.ops.oplog import plural
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginClient
 
@@ -79,6 +81,10 @@ class Plan:
     idle_seconds: float = 10.0
     admissions: int = 50  # against the real device manager
     kubelet_restarts: int = 10
+    # `--dra` (dra_bench.py): new pools published, one-device changes, claims prepared
+    dra_publications: int = 5
+    dra_changes: int = 20
+    claims: int = 100
 
 
 QUICK = Plan(
@@ -90,6 +96,9 @@ QUICK = Plan(
     idle_seconds=1.0,
     admissions=5,
     kubelet_restarts=2,
+    dra_publications=2,
+    dra_changes=3,
+    claims=5,
 )
 
 
@@ -131,7 +140,9 @@ class Daemon:
     """`powerdev run` as a child process, in a temp plugin dir, reporting
     its longest Trio step when it exits."""
 
-    def __init__(self, plugin_dir: Path, config: Path, dev_root: Path, uevents: str) -> None:
+    def __init__(
+        self, plugin_dir: Path, config: Path, dev_root: Path, uevents: str, *options: str
+    ) -> None:
         self.steps = plugin_dir.parent / "steps.json"
         self.args = run_command(
             plugin_dir,
@@ -141,6 +152,7 @@ class Daemon:
             uevents,
             "--status-file",
             str(plugin_dir.parent / "status"),
+            *options,
         )
         self.log = plugin_dir.parent / "powerdev.log"
         self.proc: trio.Process | None = None
@@ -541,22 +553,38 @@ def table(results: Results) -> str:
             text = f"{figures['ms']} ms ({figures['task']})"
         else:
             text = f"{figures['ms']} ms"
+        if "slices" in figures:
+            slices, requests = figures["slices"], figures["requests"]
+            text += f"; {plural(slices, 'slice')}, {plural(requests, 'request')}"
         lines.append(f"| {row['measure']} | {row['devices'] or '-'} | {text} |")
     return "\n".join(lines)
+
+
+def machine() -> dict[str, object]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "root": is_root(),
+    }
+
+
+async def report(results: Results, json_path: Path | None, say: Callable[[str], None]) -> None:
+    """The machine, the table, and the figures in `json_path` if given."""
+    say("")
+    say(f"machine: {results.machine}")
+    say(table(results))
+    if json_path is not None:
+        text = json.dumps({"machine": results.machine, "rows": results.rows}, indent=2)
+        await trio.Path(json_path).write_text(text)
+        say(f"wrote {json_path}")
 
 
 async def run_bench(
     plan: Plan, json_path: Path | None = None, say: Callable[[str], None] = print
 ) -> Results:
-    results = Results(
-        machine={
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "kernel": platform.release(),
-            "machine": platform.machine(),
-            "root": is_root(),
-        }
-    )
+    results = Results(machine=machine())
     async with asyncio_door():
         for i, n in enumerate(plan.sizes):
             say(f"measuring with {n} device nodes")
@@ -575,11 +603,5 @@ async def run_bench(
         for n in plan.sizes if binary is not None else ():
             say(f"measuring against the kubelet's device manager with {n} device nodes")
             await measure_real_kubelet(binary, n, plan, results, say)
-    say("")
-    say(f"machine: {results.machine}")
-    say(table(results))
-    if json_path is not None:
-        text = json.dumps({"machine": results.machine, "rows": results.rows}, indent=2)
-        await trio.Path(json_path).write_text(text)
-        say(f"wrote {json_path}")
+    await report(results, json_path, say)
     return results

@@ -23,13 +23,13 @@ import pytest
 import trio
 
 from powerdev.devtools.cdicheck import inject
+from powerdev.devtools.cluster.client import Api, container, pod
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK
 from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes, run_command
 from powerdev.dra.names import pool_name, slice_name
 from tests.conftest import require_tool, wait_for_file
 from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
-from tests.e2e.kubeapi import Api, container, pod
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import trio
 
+from powerdev.devtools.cluster.client import Api, ApiError, container, pod
+from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.rpc import asyncio_door
 from tests.dra.tiny_driver import SERVICE, TinyDriver
-from tests.e2e.controlplane import ControlPlane
-from tests.e2e.kubeapi import Api, ApiError, container, pod
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 CDI_ID = "powerdev.test/dra=dev-0"

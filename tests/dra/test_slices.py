@@ -21,10 +21,10 @@ import trio
 from powerdev.config import parse_config
 from powerdev.daemon import supervisor
 from powerdev.daemon.settings import DraSettings, Settings
+from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes
 from powerdev.dra.names import pool_name, slice_name
 from powerdev.rpc import asyncio_door
-from tests.e2e.controlplane import ControlPlane
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
 

@@ -2,15 +2,21 @@
 names, kubectl at the same release talks to it, the scheduler binds a pod to
 a Ready node by its extended resources (and leaves one that does not fit),
 and the controller manager makes ServiceAccounts, collects garbage by owner
-and finishes a namespace's deletion."""
+and finishes a namespace's deletion. A control plane of a test's own, of
+etcd and the API server only, whose API server stops and starts again on
+its port with its data."""
 
 import json
 import re
 
+import httpx
+import pytest
 import trio
 
 from powerdev.devtools import kit
-from tests.e2e.kubeapi import NOT_READY_TAINT, container, pod
+from powerdev.devtools.cluster import controlplane
+from powerdev.devtools.cluster.client import NOT_READY_TAINT, container, pod
+from tests.controlplane_fixtures import require_tools
 
 LIMIT = 60  # seconds: the bound of each test here
 DEVICE = "example.com/dev"
@@ -85,3 +91,23 @@ async def test_the_controller_manager_collects_garbage_and_finishes_namespaces(a
 
         await api.delete("/api/v1/namespaces/doomed")
         await api.wait_gone("/api/v1/namespaces", "doomed")  # the namespace controller
+
+
+async def test_the_api_server_alone_stops_and_starts_again_on_its_port_with_its_data(tmp_path):
+    tools = require_tools(("etcd", "kube-apiserver"))
+    with trio.fail_after(2 * LIMIT):  # the start is bounded on its own (START_LIMIT)
+        async with controlplane.running(tmp_path / "cp", tools, controllers=False) as plane:
+            assert [c.name for c in plane.components] == ["etcd", "kube-apiserver"]
+            maps = "/api/v1/namespaces/default/configmaps"
+            async with plane.api() as api:
+                await api.create(maps, {"metadata": {"name": "kept"}})
+                etcd = plane.components[0].proc
+                await plane.stop_apiserver()
+                with pytest.raises(httpx.ConnectError):  # nothing listens on its port
+                    await api.get("/readyz")
+                await plane.start_apiserver()
+                assert (await api.get(f"{maps}/kept"))["metadata"]["name"] == "kept"
+            assert plane.components[0].proc is etcd and etcd.returncode is None
+            log = plane.log("kube-apiserver").read_text()
+            assert log.count("Serving securely on") == 2  # one log, both runs
+            assert plane.failures() == []

@@ -7,8 +7,8 @@ import pytest
 import trio
 
 from powerdev.devtools import kit
+from powerdev.devtools.cluster import controlplane
 from tests.controlplane_fixtures import NEEDED, require_tools
-from tests.e2e import controlplane
 
 
 def executable(path):

@@ -38,11 +38,11 @@ import trio
 import trustme
 import yaml
 
+from powerdev.devtools.cluster.client import Api, container, pod
+from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.kit import ROOT
 from tests.conftest import wait_for_file
 from tests.controlplane_fixtures import LOOPBACK_NAMES
-from tests.e2e.controlplane import ControlPlane
-from tests.e2e.kubeapi import Api, container, pod
 from tests.e2e.relay import Relay
 from tests.webhook.conftest import (
     Process,

@@ -1,19 +1,24 @@
-"""A one-node Kubernetes control plane for end-to-end tests: etcd,
-kube-apiserver, kube-scheduler and kube-controller-manager from the
-conformance kit (kit.py finds them), on 127.0.0.1 only, with the certificates
-and kubeconfigs of pki.py. No kubelet and no container runtime: tests make
-Node objects and pods themselves (kubeapi.py).
+"""A one-node Kubernetes control plane for the end-to-end tests and the
+bench: etcd, kube-apiserver, kube-scheduler and kube-controller-manager
+from the conformance kit (kit.py finds them), on 127.0.0.1 only, with the
+certificates and kubeconfigs of pki.py. No kubelet and no container
+runtime: tests make Node objects and pods themselves (client.py).
 
 `run()` is a Trio service. It starts each process once the one before is
 ready: etcd prints a ready line; the API server answers /readyz; the
 scheduler logs that its handlers synced; the controller manager makes the
 `default` ServiceAccount. Then it calls task_status.started(ControlPlane).
 Cancelled, it stops them in reverse order: SIGTERM, then SIGKILL after
-STOP_LIMIT. Each process's output goes to DIR/logs/NAME.log.
+STOP_LIMIT. Each process's output goes to DIR/logs/NAME.log. The bench
+starts etcd and the API server only (controllers=False). The API server
+alone can be stopped and started again on its port, over the same etcd
+(ControlPlane.stop_apiserver(), start_apiserver()): an API server outage.
 
 pytest-trio gives every test its own Trio loop, so a control plane shared by
 a session cannot live in one: `in_thread()` runs it on a loop of its own, in
-a thread. `python -m tests.e2e.controlplane DIR` runs one until Ctrl-C.
+a thread. A test that needs one of its own (to stop its API server) starts
+run() in its own loop. `python -m powerdev.devtools.cluster.controlplane
+DIR` runs one until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,8 +39,8 @@ import httpx
 import trio
 
 from powerdev.devtools import kit
-from tests.e2e.kubeapi import Api
-from tests.e2e.pki import Pki, make_pki, write_kubeconfigs
+from powerdev.devtools.cluster.client import Api
+from powerdev.devtools.cluster.pki import Pki, make_pki, write_kubeconfigs
 
 START_LIMIT = 120.0  # seconds for the whole start, on a busy 2-core machine
 STOP_LIMIT = 15.0  # seconds each process has after SIGTERM before SIGKILL
@@ -111,6 +116,11 @@ class Output:
                 raise self.ended_error()
             await self._new.wait()
 
+    async def wait_ended(self) -> None:
+        """Until the process's output has ended (every line is in the log)."""
+        while not self.ended:
+            await self._new.wait()
+
     def ended_error(self) -> ControlPlaneError:
         return ControlPlaneError(
             f"{self.name} ended before it was ready; the end of {self.path}:\n{self.tail()}"
@@ -124,9 +134,12 @@ class Component:
     output: Output
     stopping: bool = False
     killed: bool = False
+    crashed: bool = False  # killed on purpose: stop_apiserver(kill=True)
 
     def stop_problem(self) -> str | None:
         """Why its stop was not clean, or None."""
+        if self.crashed:
+            return None
         if self.killed:
             return f"{self.name} did not stop within {STOP_LIMIT} s of SIGTERM and was killed"
         if self.proc.returncode not in CLEAN_EXIT.get(self.name, (0,)):
@@ -148,6 +161,54 @@ class ControlPlane:
     components: list[Component]
     start_seconds: float
     exited: dict[str, int] = field(default_factory=dict)  # exits before the stop
+    # What start_apiserver() needs: run()'s nursery, the command, the environment.
+    _nursery: trio.Nursery | None = field(default=None, repr=False)
+    _apiserver_argv: list[str] = field(default_factory=list, repr=False)
+    _env: dict[str, str] = field(default_factory=dict, repr=False)
+
+    async def stop_apiserver(self, *, kill: bool = False) -> None:
+        """Stop kube-apiserver alone and return once it has exited and its
+        log is whole. etcd, with the cluster's data, and the other processes
+        go on; its port stays reserved, so that nothing else takes it before
+        start_apiserver(). From the Trio loop that runs the control plane
+        (not in_thread()).
+
+        SIGTERM, and SIGKILL after STOP_LIMIT: a graceful stop, which waits
+        for open watches until its shutdown timeout (60 s), longer than
+        STOP_LIMIT. With `kill`, SIGKILL at once: a crash (the kubelet
+        kills a static pod's API server that outlasts its grace period),
+        every connection cut without an answer."""
+        apiserver = self._component("kube-apiserver")
+        if kill:
+            apiserver.stopping = apiserver.crashed = True
+            apiserver.proc.kill()
+            await apiserver.proc.wait()
+        else:
+            await _stop(apiserver)
+        await apiserver.output.wait_ended()
+        problem = apiserver.stop_problem()
+        if problem:
+            raise ControlPlaneError(problem)
+
+    async def start_apiserver(self) -> None:
+        """kube-apiserver again after stop_apiserver(), with the same flags:
+        the same port, certificates and etcd, so the same data. Returns once
+        its /readyz answers 200; its output goes on in the same log."""
+        index = next(i for i, c in enumerate(self.components) if c.name == "kube-apiserver")
+        if self.components[index].proc.returncode is None:
+            raise ControlPlaneError("kube-apiserver runs already: stop_apiserver() first")
+        assert self._nursery is not None
+        apiserver = await _start(
+            self._nursery, self.root, "kube-apiserver", self._apiserver_argv, self._env
+        )
+        self.components[index] = apiserver
+        with trio.fail_after(START_LIMIT):
+            await _apiserver_ready(self, apiserver)
+        self._nursery.start_soon(_record_exit, apiserver, self.exited)
+
+    def _component(self, name: str) -> Component:
+        (found,) = [c for c in self.components if c.name == name]
+        return found
 
     @property
     def kubeconfig(self) -> Path:
@@ -255,6 +316,13 @@ async def _until(component: Component, ready: Callable[[], Awaitable[object]]) -
         nursery.cancel_scope.cancel()
 
 
+async def _apiserver_ready(plane: ControlPlane, apiserver: Component) -> None:
+    # its log says when it listens; from then on, /readyz
+    await apiserver.output.wait_for(lambda line: "Serving securely on" in line)
+    async with plane.api() as api:
+        await _until(apiserver, partial(_readyz, api))
+
+
 async def _readyz(api: Api) -> None:
     """Until /readyz answers 200. The API server has no way to say so: each
     try is a real request, paced by READY_POLL."""
@@ -277,7 +345,9 @@ def _etcd_command(root: Path, pki: Pki, tools: dict[str, Path]) -> list[str]:
     ]
 
 
-def _commands(root: Path, pki: Pki, tools: dict[str, Path], etcd_url: str, port: int, hosts):
+def _apiserver_command(
+    root: Path, pki: Pki, tools: dict[str, Path], etcd_url: str, port: int, hosts: Path
+) -> list[str]:
     apiserver = [
         *private_hosts(hosts),
         hosts,
@@ -303,6 +373,10 @@ def _commands(root: Path, pki: Pki, tools: dict[str, Path], etcd_url: str, port:
         "--endpoint-reconciler-type=none",
         f"--cert-dir={root / 'apiserver-certs'}",
     ]
+    return [str(a) for a in apiserver]
+
+
+def _controller_commands(pki: Pki, tools: dict[str, Path]) -> tuple[list[str], list[str]]:
     scheduler = [
         tools["kube-scheduler"],
         f"--kubeconfig={pki.kubeconfig('scheduler')}",
@@ -323,7 +397,7 @@ def _commands(root: Path, pki: Pki, tools: dict[str, Path], etcd_url: str, port:
         f"--service-account-private-key-file={pki.service_account_key}",
         f"--root-ca-file={pki.ca}",
     ]
-    return [[str(a) for a in c] for c in (apiserver, scheduler, controller_manager)]
+    return [str(a) for a in scheduler], [str(a) for a in controller_manager]
 
 
 async def run(
@@ -331,57 +405,87 @@ async def run(
     tools: dict[str, Path],
     *,
     hosts: tuple[str, ...] = (),
+    controllers: bool = True,
     task_status: trio.TaskStatus[ControlPlane] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start the control plane in `root`, report it started, and run it
     until cancelled. `hosts` are names that the API server resolves to
-    127.0.0.1 (webhook URLs), through a private /etc/hosts."""
+    127.0.0.1 (webhook URLs), through a private /etc/hosts. Without
+    `controllers`, only etcd and kube-apiserver (no scheduler, no
+    controller manager: nothing allocates claims or makes ServiceAccounts)."""
     (root / "logs").mkdir(parents=True, exist_ok=True)
     pki = make_pki(root / "pki")
     env = _environment()
     components: list[Component] = []
     exited: dict[str, int] = {}
     began = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        try:
-            with trio.fail_after(START_LIMIT):
-                etcd = await _start(nursery, root, "etcd", _etcd_command(root, pki, tools), env)
-                components.append(etcd)
-                ready = await etcd.output.wait_for(lambda line: line.startswith(ETCD_READY))
-                etcd_url = ready.removeprefix(ETCD_READY)
-                with reserved_port() as port:
+    # The port is held while the control plane runs: the API server binds
+    # it again when start_apiserver() restarts it.
+    with reserved_port() as port:
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(START_LIMIT):
+                    etcd_argv = _etcd_command(root, pki, tools)
+                    etcd = await _start(nursery, root, "etcd", etcd_argv, env)
+                    components.append(etcd)
+                    ready = await etcd.output.wait_for(lambda line: line.startswith(ETCD_READY))
+                    etcd_url = ready.removeprefix(ETCD_READY)
                     server = f"https://127.0.0.1:{port}"
                     write_kubeconfigs(pki, server)
                     hosts_path = hosts_file(root / "hosts", ("localhost", *hosts))
-                    apiserver_argv, scheduler_argv, manager_argv = _commands(
-                        root, pki, tools, etcd_url, port, hosts_path
-                    )
-                    apiserver = await _start(nursery, root, "kube-apiserver", apiserver_argv, env)
+                    argv = _apiserver_command(root, pki, tools, etcd_url, port, hosts_path)
+                    apiserver = await _start(nursery, root, "kube-apiserver", argv, env)
                     components.append(apiserver)
-                    plane = ControlPlane(root, server, pki, tools, components, 0.0, exited)
-                    # its log says when it listens; from then on, /readyz
-                    await apiserver.output.wait_for(lambda line: "Serving securely on" in line)
-                    async with plane.api() as api:
-                        await _until(apiserver, partial(_readyz, api))
-                scheduler = await _start(nursery, root, "kube-scheduler", scheduler_argv, env)
-                components.append(scheduler)
-                manager = await _start(nursery, root, "kube-controller-manager", manager_argv, env)
-                components.append(manager)
-                await scheduler.output.wait_for(lambda line: "Handlers synced" in line)
-                async with plane.api() as api:
-                    accounts = "/api/v1/namespaces/default/serviceaccounts"
-                    await _until(manager, partial(api.wait_for, accounts, "default"))
-                for component in components:
-                    nursery.start_soon(_record_exit, component, exited)
-            plane.start_seconds = trio.current_time() - began
-            task_status.started(plane)
-            await trio.sleep_forever()
+                    plane = ControlPlane(
+                        root, server, pki, tools, components, 0.0, exited, nursery, argv, env
+                    )
+                    await _apiserver_ready(plane, apiserver)
+                    if controllers:
+                        await _start_controllers(nursery, plane)
+                    for component in components:
+                        nursery.start_soon(_record_exit, component, exited)
+                plane.start_seconds = trio.current_time() - began
+                task_status.started(plane)
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    for component in reversed(components):
+                        await _stop(component)
+                    for component in components:
+                        component.output.scope.cancel()
+
+
+async def _start_controllers(nursery: trio.Nursery, plane: ControlPlane) -> None:
+    """The scheduler and the controller manager, until the scheduler's
+    handlers have synced and the `default` ServiceAccount exists."""
+    scheduler_argv, manager_argv = _controller_commands(plane.pki, plane.tools)
+    root, env = plane.root, plane._env
+    scheduler = await _start(nursery, root, "kube-scheduler", scheduler_argv, env)
+    plane.components.append(scheduler)
+    manager = await _start(nursery, root, "kube-controller-manager", manager_argv, env)
+    plane.components.append(manager)
+    await scheduler.output.wait_for(lambda line: "Handlers synced" in line)
+    async with plane.api() as api:
+        accounts = "/api/v1/namespaces/default/serviceaccounts"
+        await _until(manager, partial(api.wait_for, accounts, "default"))
+
+
+@contextlib.asynccontextmanager
+async def running(
+    root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = (), controllers: bool = True
+) -> AsyncIterator[ControlPlane]:
+    """run() in the current Trio loop while the block lasts: a control plane
+    of one's own; on the way out it is stopped, and a process that did not
+    stop cleanly is an error."""
+    async with trio.open_nursery() as nursery:
+        plane = await nursery.start(partial(run, root, tools, hosts=hosts, controllers=controllers))
+        try:
+            yield plane
         finally:
-            with trio.CancelScope(shield=True):
-                for component in reversed(components):
-                    await _stop(component)
-                for component in components:
-                    component.output.scope.cancel()
+            nursery.cancel_scope.cancel()
+    problems = [p for c in plane.components if (p := c.stop_problem())]
+    if problems:
+        raise ControlPlaneError("\n".join(problems))
 
 
 @contextlib.contextmanager
@@ -445,5 +549,8 @@ async def _main(root: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.e2e.controlplane DIR  (an empty or new directory)")
+        sys.exit(
+            "usage: python -m powerdev.devtools.cluster.controlplane DIR  "
+            "(an empty or new directory)"
+        )
     trio.run(_main, Path(sys.argv[1]).resolve())

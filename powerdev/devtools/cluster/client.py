@@ -1,8 +1,8 @@
-"""A small Kubernetes API client for the end-to-end tests: httpx (already the
-webhook tests' client; on Trio through anyio) with the admin's client
-certificate, plain JSON in and out, waits by watch, never by timer; and the
-few things tests do to a cluster without a kubelet: a Ready node, a
-namespace with its `default` ServiceAccount, a pod.
+"""A small Kubernetes API client for the end-to-end tests and the bench:
+httpx (already the webhook tests' client; on Trio through anyio) with the
+admin's client certificate, plain JSON in and out, waits by watch, never
+by timer; and the few things tests do to a cluster without a kubelet: a
+Ready node, a namespace with its `default` ServiceAccount, a pod.
 
 lightkube 1.0.1 was tried first. Under Trio it creates and watches, but it
 brings a second HTTP stack (httpx2, httpcore2) beside httpx; a watch left
