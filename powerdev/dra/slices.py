@@ -140,6 +140,7 @@ class Pool:
     resource_name: str
     generation: int = 0
     names: tuple[str, ...] = ()  # the slices published now
+    _stale: set[str] = field(default_factory=set)  # no longer needed, not yet deleted
     _lost: trio.Event = field(default_factory=trio.Event)
 
     def lose(self) -> None:
@@ -163,17 +164,21 @@ class Pool:
         for body in bodies:
             await self.api.apply_slice(body)
         kept = {b["metadata"]["name"] for b in bodies}
-        for name in self.names:
-            if name not in kept:
-                await self.api.delete_slice(name)
+        # Forgotten before they go, so that the watch of the node's slices
+        # (daemon/dra.py) does not take our own deletions for a loss.
+        self._stale.update(n for n in self.names if n not in kept)
         self.names = tuple(sorted(kept))
+        for name in sorted(self._stale - kept):
+            await self.api.delete_slice(name)
+            self._stale.discard(name)
 
     async def delete(self) -> None:
         """Every slice of the pool, whoever published it."""
         found = await self.api.pool_slices(self.driver, self.node, self._pool)
-        for name in {*self.names, *(s["metadata"]["name"] for s in found)}:
+        for name in {*self.names, *self._stale, *(s["metadata"]["name"] for s in found)}:
             await self.api.delete_slice(name)
         self.names = ()
+        self._stale.clear()
 
     @property
     def _pool(self) -> str:
