@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     logformat.configure(args.log_level, log_format)
     if args.log_level != "debug":
-        logging.getLogger("grpclib").setLevel(logging.WARNING)
+        # grpclib's and the API server client's per-request lines
+        for noisy in ("grpclib", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command in webhook_cli.COMMANDS:
         return webhook_cli.main(args)
     from powerdev.cli import commands  # after logging is set up

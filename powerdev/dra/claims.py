@@ -140,8 +140,15 @@ class Claims:
         return self._locks.setdefault(uid, trio.Lock())
 
     async def _prepare_anew(self, ref: ClaimRef) -> dict[str, Any]:
-        claim = await self.api.claim(ref.namespace, ref.name)
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        try:
+            claim = await self.api.claim(ref.namespace, ref.name)
+        except Exception as err:  # unreachable, refusing, timing out: lightkube's or httpx's
+            raise PrepareError(
+                f"{where} cannot be read from the API server ({type(err).__name__}: {err}); "
+                "the kubelet tries again: check that powerdev reaches the API server "
+                "(--kubeconfig, or the pod's service account token)"
+            ) from err
         if claim is None:
             raise PrepareError(f"{where} does not exist")
         if claim["metadata"].get("uid") != ref.uid:

@@ -184,7 +184,7 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
                 assert first_answer.error == ""
                 assert [i for d in first_answer.devices for i in d.cdi_device_ids] == ids
                 error = answers[p2["metadata"]["uid"]].error
-                assert f"claim {node.namespace}/p2" in error, error
+                assert f"ResourceClaim {node.namespace}/p2 cannot be read from the API" in error
                 assert answers[p2["metadata"]["uid"]].devices == []
                 assert not (node.cdi / f"{node.driver}-{p2['metadata']['uid']}.json").exists()
                 assert proc.returncode is None

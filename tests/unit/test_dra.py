@@ -509,3 +509,14 @@ def test_block_facts_come_from_scsi_and_nvme_devices_and_multipath_paths(tmp_pat
     assert found is not None
     assert (found.size, found.vendor, found.model) == facts
     assert block_facts(root, (8, 99)) is None
+
+
+async def test_a_claim_the_api_server_cannot_give_gets_an_error_that_says_so(tmp_path):
+    class Down(FakeClaims):
+        async def claim(self, namespace, name):
+            raise ConnectionRefusedError("all attempts to connect to 127.0.0.1:6443 failed")
+
+    claims = make_claims(tmp_path, Down(), DEVICES)
+    with pytest.raises(PrepareError, match="ResourceClaim ns/c1 cannot be read from the API ser"):
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    assert not claims.spec_path("uid-1").exists()
