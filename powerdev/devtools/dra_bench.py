@@ -28,12 +28,11 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
-import trio_asyncio
 
 from powerdev.devices.model import Device
 from powerdev.devtools import kit
@@ -52,6 +51,7 @@ from powerdev.devtools.testing import NODE_MAJOR, make_nodes
 from powerdev.dra.names import pool_name, slice_name
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.dra_service import endpoint
+from powerdev.rpc.kubelet_side import DraNodeClient
 
 NEEDED = ("etcd", "kube-apiserver")
 RESOURCE = "powerdev.bench/dra"
@@ -151,57 +151,9 @@ async def measure_publication(
         await api.aclose()
 
 
-class NodeService:
-    """A driver's DRA node service (v1), called as the kubelet calls it: one
-    grpclib connection to its unix socket, through the asyncio door.
-    Answers come back as plain data: claim UID -> (error, CDI device IDs)."""
-
-    def __init__(self, socket: Path) -> None:
-        self.socket = socket
-        self._channel: Any = None
-
-    def _stub(self) -> Any:
-        from grpclib.client import Channel
-
-        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
-
-        if self._channel is None:
-            self._channel = Channel(path=str(self.socket))
-        return v1.DraPluginStub(self._channel)
-
-    async def prepare(self, claims: Sequence[dict]) -> dict[str, tuple[str, list[str]]]:
-        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
-
-        request = v1.NodePrepareResourcesRequest(claims=[_claim(v1, c) for c in claims])
-
-        async def call() -> Any:
-            return await self._stub().node_prepare_resources(request)
-
-        answer = await trio_asyncio.aio_as_trio(call)()
-        return {
-            uid: (a.error, [i for d in a.devices for i in d.cdi_device_ids])
-            for uid, a in answer.claims.items()
-        }
-
-    async def unprepare(self, claims: Sequence[dict]) -> dict[str, str]:
-        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
-
-        request = v1.NodeUnprepareResourcesRequest(claims=[_claim(v1, c) for c in claims])
-
-        async def call() -> Any:
-            return await self._stub().node_unprepare_resources(request)
-
-        answer = await trio_asyncio.aio_as_trio(call)()
-        return {uid: a.error for uid, a in answer.claims.items()}
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-
-
-def _claim(v1: Any, claim: dict) -> Any:
+def _ref(claim: dict) -> tuple[str, str, str]:
     meta = claim["metadata"]
-    return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    return meta["namespace"], meta["name"], meta["uid"]
 
 
 async def allocated_claim(api: Any, name: str, node: str, device: str) -> dict:
@@ -309,7 +261,7 @@ async def _prepare_claims(
     say: Callable[[str], None],
 ) -> None:
     names = sorted(d["name"] for s in published for d in s["spec"]["devices"])
-    service = NodeService(endpoint(plugins, DRIVER))
+    service = DraNodeClient(endpoint(plugins, DRIVER))
     prepare, again, unprepare = [], [], []
     try:
         for i in range(plan.claims):
@@ -317,13 +269,13 @@ async def _prepare_claims(
             uid = claim["metadata"]["uid"]
             for samples in (prepare, again):
                 began = time.perf_counter()
-                answer = await service.prepare([claim])
+                answer = await service.prepare([_ref(claim)])
                 samples.append(time.perf_counter() - began)
                 error, ids = answer[uid]
                 if error or len(ids) != 1:
                     raise RuntimeError(f"bench: claim {uid} not prepared: {error or ids}")
             began = time.perf_counter()
-            error = (await service.unprepare([claim]))[uid]
+            error = (await service.unprepare([_ref(claim)]))[uid]
             unprepare.append(time.perf_counter() - began)
             if error:
                 raise RuntimeError(f"bench: claim {uid} not unprepared: {error}")

@@ -300,3 +300,55 @@ class PluginClient:
             if channel is not None:
                 channel.close()
         self._channel = self._raw_channel = None
+
+
+class DraNodeClient:
+    """A DRA driver's node service (v1), called as the kubelet calls it: one
+    grpclib connection to its unix socket. Claims go in as (namespace, name,
+    UID); answers come back as plain data: claim UID -> (error, CDI IDs)."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self._channel: Channel | None = None
+
+    def _stub(self) -> Any:
+        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
+
+        if self._channel is None:
+            self._channel = Channel(path=str(self.socket))
+        return v1.DraPluginStub(self._channel)
+
+    async def prepare(
+        self, claims: Sequence[tuple[str, str, str]]
+    ) -> dict[str, tuple[str, list[str]]]:
+        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
+
+        request = v1.NodePrepareResourcesRequest(
+            claims=[v1.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
+
+        async def call() -> Any:
+            return await self._stub().node_prepare_resources(request)
+
+        answer = await trio_asyncio.aio_as_trio(call)()
+        return {
+            uid: (a.error, [i for d in a.devices for i in d.cdi_device_ids])
+            for uid, a in answer.claims.items()
+        }
+
+    async def unprepare(self, claims: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+        from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
+
+        request = v1.NodeUnprepareResourcesRequest(
+            claims=[v1.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
+
+        async def call() -> Any:
+            return await self._stub().node_unprepare_resources(request)
+
+        answer = await trio_asyncio.aio_as_trio(call)()
+        return {uid: a.error for uid, a in answer.claims.items()}
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
