@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
+from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
@@ -82,6 +83,7 @@ class Claims:
     ledger: Ledger | None = None  # the node-wide one: who holds which device
     _held: dict[str, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
+    _names: dict[str, _PublishedNames] = field(default_factory=dict)  # by resource name
 
     @property
     def checkpoint_path(self) -> Path:
@@ -171,7 +173,8 @@ class Claims:
                     f"{where}: device {result['device']} is in pool {result['pool']}, "
                     f"which is not one of this node's ({self.node}) pools"
                 )
-            found = _unit(plugin, result["device"])
+            names_of = self._names.setdefault(plugin.resource.name, _PublishedNames())
+            found = _unit(plugin, result["device"], names_of)
             if isinstance(found, str):
                 raise PrepareError(
                     f"{where}: device {result['device']} of pool {result['pool']} {found}"
@@ -264,13 +267,33 @@ class Claims:
         return found
 
 
-def _unit(plugin: Plugin, name: str) -> tuple[str, list[Any]] | str:
+@dataclass
+class _PublishedNames:
+    """A resource's devices by their name in the slice -> (unit ID, its names),
+    built once per inventory version, so that a prepare finds its device at
+    once however many there are."""
+
+    inventory: object = None
+    version: int = -1
+    table: dict[str, tuple[str, list[Device]]] = field(default_factory=dict)
+
+    def of(self, plugin: Plugin) -> dict[str, tuple[str, list[Device]]]:
+        snapshot = plugin.inventory.current
+        if self.inventory is not plugin.inventory or self.version != snapshot.version:
+            self.table = {
+                device_name(u): (u, names) for u, names in by_unit(snapshot.devices).items()
+            }
+            self.inventory, self.version = plugin.inventory, snapshot.version
+        return self.table
+
+
+def _unit(plugin: Plugin, name: str, names_of: _PublishedNames) -> tuple[str, list[Any]] | str:
     """The unit ID and every name of the published device called `name`, if
     DRA may hand it out now; otherwise why not."""
     plugin.refresh()  # every device event already queued, applied first
-    for unit_id, names in by_unit(plugin.inventory.current.devices).items():
-        if device_name(unit_id) != name:
-            continue
+    found = names_of.of(plugin).get(name)
+    if found is not None:
+        unit_id, names = found
         if not all(d.healthy for d in names):
             return "is not healthy, or is used by the host, on this node now"
         if plugin.resource.both:
