@@ -18,7 +18,7 @@ follows the resource's inventory and deletes the pool on the way out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,6 +36,10 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_STRING = 64  # a string attribute's longest value
 RETRY = (0.1, 10.0)  # first and longest wait before publishing again after an API error
 DELETE_TIMEOUT = 5.0  # on the way out, for deleting the pool
+# Slices written at once: every change rewrites every slice of the pool (each
+# carries the pool's generation), so a large pool is many requests, and a
+# remote API server's round trips add up one after the other.
+APPLY_AT_ONCE = 4
 # An identity's source (devices/identity.py) -> the attribute it gives.
 _IDENTITY_ATTRIBUTES = {
     "WWID": "wwid",
@@ -161,8 +165,7 @@ class Pool:
             self.names = tuple(s["metadata"]["name"] for s in found)
         self.generation += 1
         bodies = build_slices(self.driver, self.node, self.resource_name, devices, self.generation)
-        for body in bodies:
-            await self.api.apply_slice(body)
+        await _each_at_most(APPLY_AT_ONCE, self.api.apply_slice, bodies)
         kept = {b["metadata"]["name"] for b in bodies}
         # Forgotten before they go, so that the watch of the node's slices
         # (daemon/dra.py) does not take our own deletions for a loss.
@@ -256,3 +259,27 @@ async def _newer_or(plugin: Plugin, seen: int, wake: trio.Event) -> bool:
         nursery.start_soon(newer)
         nursery.start_soon(woke)
     return woken
+
+
+async def _each_at_most(
+    limit: int, call: Callable[[dict[str, Any]], Awaitable[None]], items: Sequence[dict[str, Any]]
+) -> None:
+    """call(item) for every item, `limit` at a time; the first error is
+    raised as itself once the calls under way have ended."""
+    errors: list[Exception] = []
+    limiter = trio.CapacityLimiter(limit)
+
+    async def one(item: dict[str, Any]) -> None:
+        async with limiter:
+            if errors:
+                return
+            try:
+                await call(item)
+            except Exception as err:
+                errors.append(err)
+
+    async with trio.open_nursery() as nursery:
+        for item in items:
+            nursery.start_soon(one, item)
+    if errors:
+        raise errors[0]

@@ -259,8 +259,10 @@ async def test_a_pool_that_shrinks_to_one_slice_meanwhile_loses_its_second_slice
                     SLICES, second, lambda s: s["spec"]["pool"]["resourceSliceCount"] == 2
                 )
                 generation = two["spec"]["pool"]["generation"]
-                before = await api.get(f"{SLICES}/{first}")
-                assert before["spec"]["pool"]["generation"] == generation
+                # slices are written side by side: the first may come second
+                before = await api.wait_for(
+                    SLICES, first, lambda s: s["spec"]["pool"]["generation"] == generation
+                )
                 text = await wait_for_file(log, lambda t: generation in published(t))
                 assert published(text) == [generation]
 
