@@ -18,11 +18,12 @@ follows the resource's inventory and deletes the pool on the way out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
+import trio.lowlevel
 
 from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name, slice_name
@@ -78,8 +79,28 @@ def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[s
 
 def build_devices(resource_name: str, devices: Sequence[Device]) -> list[dict[str, Any]]:
     """The pool's devices: one per healthy unit, sorted by name."""
+    units = by_unit(devices).items()
+    return sorted(_published(resource_name, units), key=lambda d: d["name"])
+
+
+async def build_devices_in_steps(
+    resource_name: str, devices: Sequence[Device], step: int = 500
+) -> list[dict[str, Any]]:
+    """build_devices(), letting other tasks run every `step` units: a pool of
+    10,000 devices is some 50 ms of work, too long for one Trio step."""
+    units = list(by_unit(devices).items())
+    published: list[dict[str, Any]] = []
+    for start in range(0, len(units), step):
+        published += _published(resource_name, units[start : start + step])
+        await trio.lowlevel.checkpoint()
+    return sorted(published, key=lambda d: d["name"])
+
+
+def _published(
+    resource_name: str, units: Iterable[tuple[str, list[Device]]]
+) -> list[dict[str, Any]]:
     published = []
-    for unit_id, names in by_unit(devices).items():
+    for unit_id, names in units:
         if all(d.healthy for d in names):
             ordered = sorted(names, key=lambda d: (len(d.path), d.path))
             device: dict[str, Any] = {
@@ -90,7 +111,7 @@ def build_devices(resource_name: str, devices: Sequence[Device]) -> list[dict[st
             if facts is not None and facts.size is not None:
                 device["capacity"] = {"size": {"value": str(facts.size)}}
             published.append(device)
-    return sorted(published, key=lambda d: d["name"])
+    return published
 
 
 def build_slices(
@@ -205,8 +226,8 @@ async def keep_published(
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
-            devices = build_devices(name, plugin.offered_to_dra(snapshot))
-            wake = pool.lost
+            wake = pool.lost  # before any await: a loss while building is not missed
+            devices = await build_devices_in_steps(name, plugin.offered_to_dra(snapshot))
             if devices != published:
                 try:
                     await pool.publish(devices)

@@ -520,3 +520,12 @@ async def test_a_claim_the_api_server_cannot_give_gets_an_error_that_says_so(tmp
     with pytest.raises(PrepareError, match="ResourceClaim ns/c1 cannot be read from the API ser"):
         await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
     assert not claims.spec_path("uid-1").exists()
+
+
+async def test_devices_built_in_steps_are_those_built_at_once():
+    from powerdev.dra.slices import build_devices_in_steps
+
+    devices = [dev(f"/dev/d{i}", i, healthy=i % 7 != 0, unit=f"u{i % 900}") for i in range(1200)]
+    at_once = build_devices("example.com/lun", devices)
+    assert await build_devices_in_steps("example.com/lun", devices, step=64) == at_once
+    assert len(at_once) == 900 - len({i % 900 for i in range(1200) if i % 7 == 0})
