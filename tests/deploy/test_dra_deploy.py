@@ -1,5 +1,5 @@
 """deploy/dra and examples/dra: what they render, and what the kit's real
-API server (v1.36.3, --authorization-mode=Node,RBAC, tests/e2e/controlplane.py)
+API server (v1.36.3, --authorization-mode=Node,RBAC, powerdev/devtools/cluster/controlplane.py)
 makes of them.
 
 Rendered: the component validates, adds what the driver needs (the node's
@@ -40,6 +40,9 @@ import yaml
 from powerdev.cli import build_parser
 from powerdev.config import parse_config
 from powerdev.devtools.cdicheck import inject
+from powerdev.devtools.cluster import client as kubeapi
+from powerdev.devtools.cluster.client import Api, ApiError
+from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK, DRAHARNESS
 from powerdev.devtools.testing import is_root, make_nodes, run_command
@@ -52,9 +55,6 @@ from tests.deploy.test_manifests import (
     kustomize,
 )
 from tests.docs.markdown import blocks
-from tests.e2e import kubeapi
-from tests.e2e.controlplane import ControlPlane
-from tests.e2e.kubeapi import Api, ApiError
 
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl is not on this machine"
