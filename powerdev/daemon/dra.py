@@ -89,7 +89,12 @@ class DraDriver:
     async def _watch_slices(self, api: KubeApi, settings: DraSettings) -> None:
         """A pool one of whose slices someone else deleted is published again."""
         backoff = Backoff(*WATCH_RETRY)
+        again = False
         while True:
+            if again:  # a deletion while nobody watched went unseen: publish anew
+                for pool in self._pools.values():
+                    pool.lose()
+            again = True
             try:
                 async for name in api.deleted_slices(settings.driver, settings.node_name):
                     backoff.reset()
@@ -141,6 +146,30 @@ class DraDriver:
             self._api = api
             return api
 
+    async def resume(self) -> None:
+        """At start, before any resource is served: when the checkpoint holds
+        prepared claims, start the driver whatever the config says, so that
+        the ledger knows what claims hold before any Allocate, and the
+        kubelet can still unprepare them (a reload or a restart took the
+        resource off DRA meanwhile)."""
+        settings = self._settings
+        if settings is None:
+            return
+        from powerdev.dra.claims import holds_claims
+
+        if not holds_claims(settings.plugins_dir / settings.driver):
+            return
+        log.info("DRA: the checkpoint holds prepared claims: starting driver %s", settings.driver)
+        try:
+            await self._start()
+        except Exception as err:  # publish() tries again when a DRA resource is served
+            log.error(
+                "DRA: the driver cannot start (%s: %s); the claims its checkpoint holds "
+                "are not known yet",
+                type(err).__name__,
+                err,
+            )
+
     async def publish(
         self, plugin: Plugin, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -158,7 +187,22 @@ class DraDriver:
             )
             task_status.started()
             return
-        api = await self._start()
+        backoff = Backoff(*WATCH_RETRY)
+        while True:
+            try:
+                api = await self._start()
+                break
+            except Exception as err:  # the API server's address, a socket, the CDI dir
+                log.error(
+                    "%s: the DRA driver cannot start (%s: %s): trying again",
+                    plugin.resource.name,
+                    type(err).__name__,
+                    err,
+                )
+                self._report(plugin.resource.name)
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                await trio.sleep(backoff.next())
         assert self._claims is not None
         self._claims.tell(plugin)  # "both": what claims hold, withheld from Allocate
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)

@@ -149,6 +149,7 @@ async def run(
                 )
             # Before any device event is applied: what pods hold now is owned.
             await running.pods.seed(running.plugins, running.ledger)
+            await running.dra.resume()  # and what claims hold, before any Allocate
             for source in sources:
                 nursery.start_soon(_follow, source, running.plugins, nursery)
             nursery.start_soon(

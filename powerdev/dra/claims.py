@@ -47,6 +47,14 @@ CHECKPOINT = "checkpoint.json"
 CHECKPOINT_VERSION = 1
 
 
+def holds_claims(state_dir: Path) -> bool:
+    """Does the checkpoint in this driver directory hold a prepared claim?"""
+    try:
+        return bool(json.loads((state_dir / CHECKPOINT).read_bytes()).get("claims"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class ClaimApi(Protocol):
     async def claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -107,8 +115,18 @@ class Claims:
             )
             self._held = {}
         for uid, held in self._held.items():
-            self._ensure_spec(uid, held)
-            self._tell_ledger(held, prepared=True)
+            try:
+                self._tell_ledger(held, prepared=True)
+                self._ensure_spec(uid, held)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning(
+                    "DRA: claim %s of the checkpoint %s: %s: %s (kept; tried again when the "
+                    "kubelet asks)",
+                    uid,
+                    self.checkpoint_path,
+                    type(err).__name__,
+                    err,
+                )
 
     async def prepare(self, claim: ClaimRef) -> list[Prepared]:
         async with self._lock(claim.uid):
@@ -116,9 +134,14 @@ class Claims:
             if held is None:
                 held = await self._prepare_anew(claim)
                 self._held[claim.uid] = held  # no await from the checks to here
+                try:
+                    self._save()  # first: what is told below is in the checkpoint too
+                except OSError:
+                    del self._held[claim.uid]
+                    self.spec_path(claim.uid).unlink(missing_ok=True)
+                    raise
                 self._tell_ledger(held, prepared=True)
                 self._tell_plugins()
-                self._save()
             else:
                 self._ensure_spec(claim.uid, held)
             return [
@@ -180,6 +203,13 @@ class Claims:
                     f"{where}: device {result['device']} of pool {result['pool']} {found}"
                 )
             unit_id, names = found
+            other = self._holder_of(plugin.resource.name, unit_id)
+            if other is not None:
+                raise PrepareError(
+                    f"{where}: device {result['device']} of pool {result['pool']} is still "
+                    f"prepared for ResourceClaim {other}: it is prepared here once that "
+                    "claim is unprepared (its pod's containers may still use it)"
+                )
             cdi_name = f"{ref.uid}-{result['device']}"
             spec_devices.append(
                 {
@@ -208,6 +238,14 @@ class Claims:
         held = {"namespace": ref.namespace, "name": ref.name, "spec": spec, "devices": devices}
         self._write_spec(ref.uid, held)
         return held
+
+    def _holder_of(self, resource: str, unit: str) -> str | None:
+        """The prepared claim that holds this unit of the resource, if any."""
+        for held in self._held.values():
+            for d in held["devices"]:
+                if d.get("resource") == resource and d.get("unit") == unit:
+                    return f"{held['namespace']}/{held['name']}"
+        return None
 
     def tell(self, plugin: Plugin) -> None:
         """Tell a resource which of its units claims hold (at its start too)."""

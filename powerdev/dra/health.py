@@ -56,7 +56,8 @@ class DeviceHealth:
 def assess(pool: str, device: str, nodes: Sequence[Node], plugin: Plugin | None) -> DeviceHealth:
     """The health of one prepared device, from its resource's inventory now."""
     if plugin is None:
-        return DeviceHealth(pool, device, UNKNOWN, "its resource is no longer served here")
+        why = "its resource is no longer served through DRA here"
+        return DeviceHealth(pool, device, UNKNOWN, why)
     listed = plugin.inventory.by_path
     ours = []
     elsewhere = []

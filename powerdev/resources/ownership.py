@@ -252,7 +252,7 @@ class Ledger:
         for key in keys:
             if self._owners.get(key) != holder:
                 self._owners[key] = holder
-                self._mark(key, resource)
+                self._mark(key)  # every resource rules again: its own ruled before
         self.settle()
 
     def unclaimed(self, resource: str, unit: str, keys: Iterable[Key]) -> None:

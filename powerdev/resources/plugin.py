@@ -186,6 +186,16 @@ class Plugin:
         if fresh and self._dp_known:
             self._changed()
 
+    def answered(self, requests: Sequence[Sequence[str]]) -> None:
+        """Allocate's answer for these grants is on its way (or refused): with
+        "api": "both", they count from now, so that an ask of the kubelet
+        begun before it knew of them cannot free them."""
+        if self.resource.both:
+            now = trio.current_time()
+            for unit_id in (i for ids in requests for i in ids):
+                if unit_id in self._dp_held:
+                    self._dp_held[unit_id] = now
+
     def claimed(self, units: Iterable[str]) -> None:
         """The units prepared for claims now (dra/claims.py says, on every change)."""
         claimed = frozenset(units)

@@ -88,11 +88,13 @@ class PluginService(DevicePluginBase):
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         try:
             await trio_asyncio.trio_as_aio(self._plugin.ensure_spec)()
+            # Already encoded (in a worker thread): the door's codec sends bytes as they are.
+            encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
         except SpecWriteError as err:
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.FAILED_PRECONDITION, str(err)) from None
-        # Already encoded (in a worker thread): the door's codec sends bytes as they are.
-        encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
+        finally:  # "both": a grant counts from its answer (or its refusal), not its start
+            self._plugin.answered(requests)
         metrics.allocate_answered(self._plugin.resource.name, began)
         return encoded  # type: ignore[no-any-return]
 

@@ -7,6 +7,8 @@ mock clock: the only time that matters is "asked after the grant"."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 import trio.testing
@@ -146,3 +148,33 @@ async def test_resources_on_one_api_are_not_touched(tmp_path):
         assert health(plugin) == {"u1": True, "u2": True}
         plugin.allocate([["u1"]])
         assert offered(plugin) == ["u1", "u2"]
+
+
+async def test_a_unit_another_prepared_claim_holds_is_not_prepared_again(tmp_path):
+    """A pod force-deleted, its claim deallocated and the device allocated to
+    another claim before the kubelet unprepared the first: refused until then."""
+    _, claims = both(tmp_path, "dra")
+    first = await claims.prepare(claims.api.allocate("c1", "uid-1", "u1"))
+    second = claims.api.allocate("c2", "uid-2", "u1")
+    with pytest.raises(
+        PrepareError, match=r"u1 of pool .* is still prepared for ResourceClaim ns/c1"
+    ):
+        await claims.prepare(second)
+    await claims.unprepare(ClaimRef("ns", "c1", "uid-1"))
+    (prepared,) = await claims.prepare(second)
+    assert prepared.device == first[0].device
+
+
+async def test_a_claim_whose_checkpoint_cannot_be_written_is_not_prepared(tmp_path):
+    plugin, claims = both(tmp_path, "dra")
+    claims.state_dir.parent.mkdir(parents=True, exist_ok=True)
+    claims.state_dir.write_text("a file where the driver's directory should be")
+    with pytest.raises(OSError):
+        await claims.prepare(claims.api.allocate("c1", "uid-1", "u1"))
+    assert not claims.spec_path("uid-1").exists()
+    moved = ResourceConfig(name=RESOURCE, allocation="each")
+    u1 = plugin.inventory.current.devices[0]
+    assert claims.ledger.rule(moved, u1, listed=True) == u1  # nobody was told
+    claims.state_dir.unlink()
+    await claims.prepare(claims.api.allocate("c1", "uid-1", "u1"))  # the kubelet's retry
+    assert json.loads(claims.checkpoint_path.read_text())["claims"].keys() == {"uid-1"}

@@ -353,7 +353,7 @@ def test_a_prepared_device_is_healthy_while_listed_as_itself_and_healthy(
 def test_a_device_of_a_resource_no_longer_served_is_unknown():
     assert health_of((SDB,), [], served=False) == (
         "Unknown",
-        "its resource is no longer served here",
+        "its resource is no longer served through DRA here",
     )
 
 

@@ -116,3 +116,15 @@ def test_a_device_a_pod_got_through_allocate_waits_under_dra_until_no_pod_holds_
     assert not ledger.rule(dra, device, listed=True).healthy
     ledger.answered({}, asked=1)
     assert ledger.rule(dra, device, listed=True) == device
+
+
+def test_a_claim_known_late_makes_every_resource_rule_again_its_own_too():
+    """At start the checkpoint is read after the trackers first ruled."""
+    ledger = Ledger()
+    asked: dict[str, set] = {"example.com/a": set(), "example.com/b": set()}
+    for name, keys in asked.items():
+        ledger.attach(name, keys.update)
+    device = dev("/dev/sdb", 16)
+    ledger.change(B.name, (), [device])
+    ledger.claimed(B.name, "sdb", [device.key])
+    assert asked == {"example.com/a": {device.key}, "example.com/b": {device.key}}
