@@ -8,6 +8,7 @@ plugin side reports Unhealthy until the claim is unprepared."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -124,3 +125,50 @@ async def test_one_device_one_holder_across_the_device_plugin_api_and_dra(
                 )
                 await node.harness.unprepare(node.namespace, "c1")
                 await kubelet_shows(2, 2)
+
+
+async def test_a_restart_onto_the_device_plugin_api_keeps_a_claims_device_until_unprepared(
+    api, control_plane, draharness, dmharness, tmp_path
+):
+    """A claim prepared under "both"; powerdev restarts with the resource on
+    the device plugin API alone. The checkpoint starts the driver anyway, so
+    the claim's device is Unhealthy for the kubelet's device manager from the
+    start, and the kubelet can still unprepare the claim, which frees it."""
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir()
+    (tmp_path / "cdi").mkdir()
+    options = ("--pod-resources-socket", str(tmp_path / "pod-resources" / "kubelet.sock"))
+    with trio.fail_after(LIMIT):
+        async with DeviceManager.running(dmharness, tmp_path / "kubelet.log", RESOURCE) as dm:
+            await dm.call("start", plugin_dir)
+
+            async def kubelet_shows(capacity: int, allocatable: int) -> None:
+                reply = await dm.call("wait", capacity, allocatable, TIMEOUT_MS)
+                assert reply["ok"], f"the kubelet shows {reply}"
+
+            async with dra_node(
+                api,
+                control_plane,
+                draharness,
+                tmp_path,
+                ("dra0", "dra1"),
+                both=True,
+                options=options,
+            ) as node:
+                async with powerdev(node):
+                    await kubelet_shows(2, 2)
+                    await node.pod_with_claim("c1")
+                    await node.harness.prepare(node.namespace, "c1")
+                    await kubelet_shows(2, 1)
+                config = tmp_path / "config.json"
+                (entry,) = json.loads(config.read_text())["resources"]
+                entry["api"] = "device-plugin"
+                config.write_text(json.dumps({"resources": [entry]}))
+                async with powerdev(node):  # registered: the checkpoint started the driver
+                    await kubelet_shows(2, 1)
+                    await api.merge_patch(
+                        f"/api/v1/namespaces/{node.namespace}/pods/c1/status",
+                        {"status": {"phase": "Succeeded"}},
+                    )
+                    await node.harness.unprepare(node.namespace, "c1")
+                    await kubelet_shows(2, 2)
