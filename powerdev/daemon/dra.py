@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from powerdev.daemon.settings import DraSettings
+from powerdev.dra.names import pool_name
 from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
 from powerdev.resources.ownership import Ledger
@@ -91,11 +92,10 @@ class DraDriver:
         backoff = Backoff(*WATCH_RETRY)
         again = False
         while True:
-            if again:  # a deletion while nobody watched went unseen: publish anew
-                for pool in self._pools.values():
-                    pool.lose()
-            again = True
             try:
+                if again:  # a deletion while nobody watched went unseen: look
+                    await self._check_pools(api)
+                again = True
                 async for name in api.deleted_slices(settings.driver, settings.node_name):
                     backoff.reset()
                     for pool in self._pools.values():
@@ -109,6 +109,21 @@ class DraDriver:
             except Exception as err:  # the API server unreachable; the watch ended
                 log.warning("DRA: watching the node's ResourceSlices: %s: watching again", err)
             await trio.sleep(backoff.next())
+
+    async def _check_pools(self, api: KubeApi) -> None:
+        """Publish again each pool one of whose slices is not there."""
+        for pool in list(self._pools.values()):
+            found = await api.pool_slices(
+                pool.driver, pool.node, pool_name(pool.node, pool.resource_name)
+            )
+            missing = set(pool.names) - {s["metadata"]["name"] for s in found}
+            if missing:
+                log.info(
+                    "%s: its ResourceSlices %s went while the watch was down: publishing again",
+                    pool.resource_name,
+                    ", ".join(sorted(missing)),
+                )
+                pool.lose()
 
     async def _start(self) -> KubeApi:
         async with self._starting:
