@@ -8,8 +8,11 @@ plugin side reports Unhealthy until the claim is unprepared."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from powerdev.devtools.devicemanager import DeviceManager
 from powerdev.devtools.kit import CDICHECK, DMHARNESS
 from powerdev.dra.names import slice_name
 from tests.conftest import require_tool
-from tests.dra.test_driver import LIMIT, RESOURCE, dra_node, powerdev
+from tests.dra.test_driver import LIMIT, RESOURCE, Node, dra_node, powerdev
 from tests.dra.test_harness import RESOURCE_API
 
 TIMEOUT_MS = 10000
@@ -46,85 +49,104 @@ def device_paths(slice_: dict) -> list[str]:
     return sorted(d["attributes"]["path"]["string"] for d in slice_["spec"]["devices"])
 
 
-async def test_one_device_one_holder_across_the_device_plugin_api_and_dra(
-    api,
-    control_plane,
-    draharness,
-    dmharness,
-    cdicheck,
-    tmp_path,
-):
+@dataclass
+class Sides:
+    """The kubelet's device manager and the DRA node of one test."""
+
+    dm: DeviceManager
+    node: Node
+
+    async def kubelet_shows(self, capacity: int, allocatable: int) -> None:
+        reply = await self.dm.call("wait", capacity, allocatable, TIMEOUT_MS)
+        assert reply["ok"], f"the kubelet shows {reply}"
+
+    async def claim_ends(self, name: str) -> None:
+        """Its pod has Succeeded, and the kubelet unprepares the claim."""
+        await self.node.api.merge_patch(
+            f"/api/v1/namespaces/{self.node.namespace}/pods/{name}/status",
+            {"status": {"phase": "Succeeded"}},
+        )
+        await self.node.harness.unprepare(self.node.namespace, name)
+
+
+@contextlib.asynccontextmanager
+async def both_sides(
+    api, control_plane, draharness, dmharness, tmp_path: Path, *options: str
+) -> AsyncIterator[Sides]:
+    """The device manager on the plugin directory (serving PodResources), and
+    a DRA node whose config serves two devices with "api": "both"."""
     plugin_dir = tmp_path / "device-plugins"
     plugin_dir.mkdir()
     (tmp_path / "cdi").mkdir()  # the host's /var/run/cdi
-    options = (
-        "--pod-resources-socket",  # the device manager harness serves PodResources here
-        str(tmp_path / "pod-resources" / "kubelet.sock"),
-        "--cdi-recheck-interval",
-        "0.05",
-    )
+    sockets = ("--pod-resources-socket", str(tmp_path / "pod-resources" / "kubelet.sock"))
+    async with DeviceManager.running(dmharness, tmp_path / "kubelet.log", RESOURCE) as dm:
+        await dm.call("start", plugin_dir)
+        async with dra_node(
+            api,
+            control_plane,
+            draharness,
+            tmp_path,
+            ("dra0", "dra1"),
+            both=True,
+            options=(*sockets, *options),
+        ) as node:
+            yield Sides(dm, node)
+
+
+async def test_one_device_one_holder_across_the_device_plugin_api_and_dra(
+    api, control_plane, draharness, dmharness, cdicheck, tmp_path
+):
     with trio.fail_after(LIMIT):
         async with (
-            DeviceManager.running(dmharness, tmp_path / "kubelet.log", RESOURCE) as dm,
+            both_sides(
+                api,
+                control_plane,
+                draharness,
+                dmharness,
+                tmp_path,
+                "--cdi-recheck-interval",
+                "0.05",
+            ) as sides,
+            powerdev(sides.node),
         ):
-            await dm.call("start", plugin_dir)
-            async with (
-                dra_node(
-                    api,
-                    control_plane,
-                    draharness,
-                    tmp_path,
-                    ("dra0", "dra1"),
-                    both=True,
-                    options=options,
-                ) as node,
-                powerdev(node),
-            ):
-                slices = f"{RESOURCE_API}/resourceslices"
-                name = slice_name(node.name, node.driver, RESOURCE, 0)
+            dm, node = sides.dm, sides.node
+            slices = f"{RESOURCE_API}/resourceslices"
+            name = slice_name(node.name, node.driver, RESOURCE, 0)
 
-                async def slice_holds(*paths: str) -> None:
-                    await api.wait_for(slices, name, lambda s: device_paths(s) == list(paths))
+            async def slice_holds(*paths: str) -> None:
+                await api.wait_for(slices, name, lambda s: device_paths(s) == list(paths))
 
-                async def kubelet_shows(capacity: int, allocatable: int) -> None:
-                    reply = await dm.call("wait", capacity, allocatable, TIMEOUT_MS)
-                    assert reply["ok"], f"the kubelet shows {reply}"
+            # Both sides offer both devices once the kubelet has said no pod holds any.
+            await sides.kubelet_shows(2, 2)
+            await slice_holds("/dev/dra0", "/dev/dra1")
 
-                # Both sides offer both devices once the kubelet has said no pod holds any.
-                await kubelet_shows(2, 2)
-                await slice_holds("/dev/dra0", "/dev/dra1")
+            # A pod gets one through the device plugin API: it leaves the slice.
+            admitted = await dm.call("admit", "p1", 1)
+            assert admitted["admitted"], admitted
+            (unit,) = admitted["device_ids"]
+            held = path_of(tmp_path / "dev")[unit]
+            (free,) = {"/dev/dra0", "/dev/dra1"} - {held}
+            await slice_holds(free)
 
-                # A pod gets one through the device plugin API: it leaves the slice.
-                admitted = await dm.call("admit", "p1", 1)
-                assert admitted["admitted"], admitted
-                (unit,) = admitted["device_ids"]
-                held = path_of(tmp_path / "dev")[unit]
-                (free,) = {"/dev/dra0", "/dev/dra1"} - {held}
-                await slice_holds(free)
+            # The scheduler can give a claim only the other; prepared, it is
+            # Unhealthy for the device plugin side (capacity 2, allocatable 1).
+            claim = await node.pod_with_claim("c1")
+            assert claim["status"]["allocation"]["devices"]["results"]
+            prepared = await node.harness.prepare(node.namespace, "c1")
+            resolved = inject(cdicheck, [node.cdi], prepared["c0"])
+            assert resolved["ok"], resolved
+            assert [d["path"] for d in resolved["linuxDevices"]] == [free]
+            await sides.kubelet_shows(2, 1)
+            refused = await dm.call("admit", "p2", 1)  # nothing healthy is free
+            assert not refused["admitted"], refused
 
-                # The scheduler can give a claim only the other; prepared, it is
-                # Unhealthy for the device plugin side (capacity 2, allocatable 1).
-                claim = await node.pod_with_claim("c1")
-                assert claim["status"]["allocation"]["devices"]["results"]
-                prepared = await node.harness.prepare(node.namespace, "c1")
-                resolved = inject(cdicheck, [node.cdi], prepared["c0"])
-                assert resolved["ok"], resolved
-                assert [d["path"] for d in resolved["linuxDevices"]] == [free]
-                await kubelet_shows(2, 1)
-                refused = await dm.call("admit", "p2", 1)  # nothing healthy is free
-                assert not refused["admitted"], refused
+            # p1 ends: the kubelet lists it no more, and its device returns to DRA.
+            await dm.call("delpod", "p1")
+            await slice_holds("/dev/dra0", "/dev/dra1")
 
-                # p1 ends: the kubelet lists it no more, and its device returns to DRA.
-                await dm.call("delpod", "p1")
-                await slice_holds("/dev/dra0", "/dev/dra1")
-
-                # The claim's pod ends: unprepared, its device is healthy again.
-                await api.merge_patch(
-                    f"/api/v1/namespaces/{node.namespace}/pods/c1/status",
-                    {"status": {"phase": "Succeeded"}},
-                )
-                await node.harness.unprepare(node.namespace, "c1")
-                await kubelet_shows(2, 2)
+            # The claim's pod ends: unprepared, its device is healthy again.
+            await sides.claim_ends("c1")
+            await sides.kubelet_shows(2, 2)
 
 
 async def test_a_restart_onto_the_device_plugin_api_keeps_a_claims_device_until_unprepared(
@@ -134,41 +156,19 @@ async def test_a_restart_onto_the_device_plugin_api_keeps_a_claims_device_until_
     the device plugin API alone. The checkpoint starts the driver anyway, so
     the claim's device is Unhealthy for the kubelet's device manager from the
     start, and the kubelet can still unprepare the claim, which frees it."""
-    plugin_dir = tmp_path / "device-plugins"
-    plugin_dir.mkdir()
-    (tmp_path / "cdi").mkdir()
-    options = ("--pod-resources-socket", str(tmp_path / "pod-resources" / "kubelet.sock"))
     with trio.fail_after(LIMIT):
-        async with DeviceManager.running(dmharness, tmp_path / "kubelet.log", RESOURCE) as dm:
-            await dm.call("start", plugin_dir)
-
-            async def kubelet_shows(capacity: int, allocatable: int) -> None:
-                reply = await dm.call("wait", capacity, allocatable, TIMEOUT_MS)
-                assert reply["ok"], f"the kubelet shows {reply}"
-
-            async with dra_node(
-                api,
-                control_plane,
-                draharness,
-                tmp_path,
-                ("dra0", "dra1"),
-                both=True,
-                options=options,
-            ) as node:
-                async with powerdev(node):
-                    await kubelet_shows(2, 2)
-                    await node.pod_with_claim("c1")
-                    await node.harness.prepare(node.namespace, "c1")
-                    await kubelet_shows(2, 1)
-                config = tmp_path / "config.json"
-                (entry,) = json.loads(config.read_text())["resources"]
-                entry["api"] = "device-plugin"
-                config.write_text(json.dumps({"resources": [entry]}))
-                async with powerdev(node):  # registered: the checkpoint started the driver
-                    await kubelet_shows(2, 1)
-                    await api.merge_patch(
-                        f"/api/v1/namespaces/{node.namespace}/pods/c1/status",
-                        {"status": {"phase": "Succeeded"}},
-                    )
-                    await node.harness.unprepare(node.namespace, "c1")
-                    await kubelet_shows(2, 2)
+        async with both_sides(api, control_plane, draharness, dmharness, tmp_path) as sides:
+            node = sides.node
+            async with powerdev(node):
+                await sides.kubelet_shows(2, 2)
+                await node.pod_with_claim("c1")
+                await node.harness.prepare(node.namespace, "c1")
+                await sides.kubelet_shows(2, 1)
+            config = tmp_path / "config.json"
+            (entry,) = json.loads(config.read_text())["resources"]
+            entry["api"] = "device-plugin"
+            config.write_text(json.dumps({"resources": [entry]}))
+            async with powerdev(node):  # registered: the checkpoint started the driver
+                await sides.kubelet_shows(2, 1)
+                await sides.claim_ends("c1")
+                await sides.kubelet_shows(2, 2)
