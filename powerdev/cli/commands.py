@@ -124,13 +124,14 @@ def _dra_problem(args: argparse.Namespace) -> ConfigError | None:
     """What would stop the DRA driver serving: a socket path too long to
     bind, or no way to reach the API server."""
     from powerdev.config import socket_path_problem
+    from powerdev.dra.names import endpoint, registration_socket
 
     driver = args.dra_driver
-    for option, where, name in (
-        ("--dra-registry-dir", args.dra_registry_dir, f"{driver}-reg.sock"),
-        ("--dra-plugins-dir", args.dra_plugins_dir, f"{driver}/dra.sock"),
+    for option, socket in (
+        ("--dra-registry-dir", registration_socket(args.dra_registry_dir, driver)),
+        ("--dra-plugins-dir", endpoint(args.dra_plugins_dir, driver)),
     ):
-        problem = socket_path_problem(where, name)
+        problem = socket_path_problem(socket.parent, socket.name)
         if problem:
             return ConfigError(
                 option, None, problem, f"use a shorter {option}, or a shorter --dra-driver"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from powerdev.daemon.settings import DraSettings
-from powerdev.dra.names import pool_name
+from powerdev.dra.names import endpoint
 from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
 from powerdev.resources.ownership import Ledger
@@ -80,9 +80,9 @@ class DraDriver:
         the node service's socket."""
         settings = self._settings
         assert settings is not None
-        endpoint = settings.plugins_dir / settings.driver / "dra.sock"
         state = "registered" if self._kubelet_knows else "waiting"
-        self._status.set(status_name(name, self._both(name)), state, endpoint)
+        socket = endpoint(settings.plugins_dir, settings.driver)
+        self._status.set(status_name(name, self._both(name)), state, socket)
 
     def _both(self, name: str) -> bool:
         return any(p.resource.both for p in self._plugins() if p.resource.name == name)
@@ -113,9 +113,7 @@ class DraDriver:
     async def _check_pools(self, api: KubeApi) -> None:
         """Publish again each pool one of whose slices is not there."""
         for pool in list(self._pools.values()):
-            found = await api.pool_slices(
-                pool.driver, pool.node, pool_name(pool.node, pool.resource_name)
-            )
+            found = await api.pool_slices(pool.driver, pool.node, pool.name)
             missing = set(pool.names) - {s["metadata"]["name"] for s in found}
             if missing:
                 log.info(

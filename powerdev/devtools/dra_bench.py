@@ -48,9 +48,8 @@ from powerdev.devtools.bench import (
     spread,
 )
 from powerdev.devtools.testing import NODE_MAJOR, make_nodes
-from powerdev.dra.names import pool_name, slice_name
+from powerdev.dra.names import endpoint, pool_name, slice_name
 from powerdev.rpc import asyncio_door
-from powerdev.rpc.dra_service import endpoint
 from powerdev.rpc.kubelet_side import DraNodeClient
 
 NEEDED = ("etcd", "kube-apiserver")

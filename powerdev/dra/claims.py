@@ -226,7 +226,7 @@ class Claims:
                     "device": result["device"],
                     "resource": plugin.resource.name,
                     "unit": unit_id,
-                    "keys": sorted({(d.kind, d.major, d.minor) for d in names}),
+                    "keys": sorted({d.key for d in names}),
                     "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],
                 }
             )
@@ -262,7 +262,7 @@ class Claims:
             return
         for d in held["devices"]:
             if "unit" in d:
-                keys = [(kind, major, minor) for kind, major, minor in d["keys"]]
+                keys = [(kind, major, minor) for kind, major, minor in d["keys"]]  # JSON: lists
                 if prepared:
                     self.ledger.claimed(d["resource"], d["unit"], keys)
                 else:

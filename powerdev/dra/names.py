@@ -1,11 +1,13 @@
 """The names DRA objects get: a device's name in a slice (a DNS label from
-its unit ID, stable across restarts), a resource's pool on a node, and the
-ResourceSlice objects' own names. Pure functions."""
+its unit ID, stable across restarts), a resource's pool on a node, the
+ResourceSlice objects' own names, and the driver's two sockets. Pure
+functions."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 MAX_LABEL = 63  # a DNS label (RFC 1123): a device's name in a slice
 MAX_SUBDOMAIN = 253  # a DNS subdomain: a driver's name, an object's name
@@ -52,3 +54,13 @@ def slice_name(node: str, driver: str, resource_name: str, index: int) -> str:
     resource, a hash of all three (two pools never share a name)."""
     readable = _NOT_LABEL.sub("-", f"{node}-{resource_name}".lower()).strip("-")[:200]
     return f"{readable}-{_digest(f'{driver}/{node}/{resource_name}')}-{index}"
+
+
+def registration_socket(registry_dir: Path, driver: str) -> Path:
+    """Where the kubelet's plugin watcher finds the driver: <dir>/<driver>-reg.sock."""
+    return registry_dir / f"{driver}-reg.sock"
+
+
+def endpoint(plugins_dir: Path, driver: str) -> Path:
+    """The driver's node service: <plugins dir>/<driver>/dra.sock."""
+    return plugins_dir / driver / "dra.sock"

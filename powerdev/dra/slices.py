@@ -181,7 +181,7 @@ class Pool:
     async def publish(self, devices: list[dict[str, Any]]) -> None:
         """A new generation with these devices; slices no longer needed go."""
         if self.generation == 0:  # the first time: after any generation left before
-            found = await self.api.pool_slices(self.driver, self.node, self._pool)
+            found = await self.api.pool_slices(self.driver, self.node, self.name)
             self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
             self.names = tuple(s["metadata"]["name"] for s in found)
         self.generation += 1
@@ -198,14 +198,15 @@ class Pool:
 
     async def delete(self) -> None:
         """Every slice of the pool, whoever published it."""
-        found = await self.api.pool_slices(self.driver, self.node, self._pool)
+        found = await self.api.pool_slices(self.driver, self.node, self.name)
         for name in {*self.names, *self._stale, *(s["metadata"]["name"] for s in found)}:
             await self.api.delete_slice(name)
         self.names = ()
         self._stale.clear()
 
     @property
-    def _pool(self) -> str:
+    def name(self) -> str:
+        """The pool's name: "<node>/<resource name>"."""
         return pool_name(self.node, self.resource_name)
 
 
@@ -245,7 +246,7 @@ async def keep_published(
                     "%s: published %d DRA devices in pool %s (generation %d)",
                     name,
                     len(devices),
-                    pool_name(pool.node, name),
+                    pool.name,
                     pool.generation,
                 )
             task_status.started()

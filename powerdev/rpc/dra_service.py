@@ -40,6 +40,7 @@ from powerdev._proto.v1alpha1 import (
 from powerdev.dra import health
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.health import HealthWatch, Report
+from powerdev.dra.names import endpoint, registration_socket
 from powerdev.rpc.door import serve
 from powerdev.rpc.plugin_service import _send
 
@@ -47,21 +48,12 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # the node services, as a registration names them
-SOCKET = "dra.sock"
 WATCH_RESOURCES = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 _STATUS = {
     health.HEALTHY: HealthStatus.HEALTHY,
     health.UNHEALTHY: HealthStatus.UNHEALTHY,
     health.UNKNOWN: HealthStatus.UNKNOWN,
 }
-
-
-def registration_socket(registry_dir: Path, driver: str) -> Path:
-    return registry_dir / f"{driver}-reg.sock"
-
-
-def endpoint(plugins_dir: Path, driver: str) -> Path:
-    return plugins_dir / driver / SOCKET
 
 
 class _Registration(RegistrationBase):

@@ -35,9 +35,8 @@ from powerdev.devtools.cluster import controlplane
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.kit import CDICHECK
 from powerdev.devtools.testing import is_root, make_nodes, run_command
-from powerdev.dra.names import pool_name, slice_name
+from powerdev.dra.names import endpoint, pool_name, slice_name
 from powerdev.rpc import asyncio_door
-from powerdev.rpc.dra_service import endpoint
 from tests.conftest import require_tool, wait_for_file
 from tests.controlplane_fixtures import NEEDED, require_tools
 from tests.dra.test_driver import RESOURCE, Node, dra_node

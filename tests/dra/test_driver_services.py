@@ -13,8 +13,9 @@ from grpclib.client import Channel
 
 from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from powerdev._proto.pluginregistration import InfoRequest, RegistrationStatus, RegistrationStub
+from powerdev.dra.names import endpoint, registration_socket
 from powerdev.rpc import asyncio_door
-from powerdev.rpc.dra_service import endpoint, registration_socket, serve_driver
+from powerdev.rpc.dra_service import serve_driver
 from tests.unit.test_dra import DEVICES, DRIVER, POOL, FakeClaims, make_claims
 
 LIMIT = 10

@@ -28,9 +28,9 @@ from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
 from powerdev._proto.v1alpha1 import DraResourceHealthStub, HealthStatus, NodeWatchResourcesRequest
 from powerdev.devtools.testing import bound, is_root, loop_control
 from powerdev.dra.claims import ClaimRef
-from powerdev.dra.names import slice_name
+from powerdev.dra.names import endpoint, slice_name
 from powerdev.rpc import asyncio_door
-from powerdev.rpc.dra_service import endpoint, serve_driver
+from powerdev.rpc.dra_service import serve_driver
 from tests.dra.test_driver import LIMIT, RESOURCE, Node, dra_node, powerdev
 from tests.dra.test_driver_services import call
 from tests.dra.test_harness import RESOURCE_API
