@@ -1,7 +1,8 @@
 """Helpers to exercise powerdev on a real machine: device trees made with
 mknod (or links to /dev/null without root), and loop devices made and
-removed through /dev/loop-control, which give real kernel uevents. Used by
-the tests and by `powerdev bench`."""
+removed through /dev/loop-control, which give real kernel uevents; and a
+child process stopped as the kubelet's node would stop it. Used by the
+tests and by `powerdev bench`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import contextlib
 import fcntl
 import itertools
 import os
+import signal
 import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import trio
 
 LOOP_SET_FD = 0x4C00
 LOOP_CLR_FD = 0x4C01
@@ -123,3 +127,13 @@ def bound(node: str | Path, backing: Path) -> Iterator[None]:
             fcntl.ioctl(fd, LOOP_CLR_FD, 0)
     finally:
         os.close(fd)
+
+
+async def stop(proc: trio.Process, limit: float = 10.0) -> None:
+    """SIGTERM, and wait at most `limit` seconds (even when the caller is
+    being cancelled); killed if it is still there then."""
+    with trio.CancelScope(shield=True), trio.move_on_after(limit):
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    if proc.returncode is None:
+        proc.kill()

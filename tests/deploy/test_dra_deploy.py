@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -45,7 +44,7 @@ from powerdev.devtools.cluster.client import Api, ApiError
 from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK, DRAHARNESS
-from powerdev.devtools.testing import is_root, make_nodes, run_command
+from powerdev.devtools.testing import is_root, make_nodes, run_command, stop
 from powerdev.dra.names import pool_name, slice_name
 from tests.conftest import require_tool
 from tests.deploy.test_manifests import (
@@ -662,11 +661,7 @@ async def powerdev_process(command: list[str], log: Path) -> AsyncIterator[trio.
         print(f"powerdev's log:\n{log.read_text()}")  # noqa: ASYNC240 (a small local file)
         raise
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
 
 
 def selecting() -> dict:

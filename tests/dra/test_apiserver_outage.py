@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster import controlplane
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import is_root, make_nodes, run_command
+from powerdev.devtools.testing import is_root, make_nodes, run_command, stop
 from powerdev.dra.names import endpoint, pool_name, slice_name
 from powerdev.rpc import asyncio_door
 from tests.conftest import require_tool, wait_for_file
@@ -72,11 +71,7 @@ async def running(command: list[str], log: Path) -> AsyncIterator[trio.Process]:
     try:
         yield proc
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster.client import Api, container, pod
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes, run_command
+from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes, run_command, stop
 from powerdev.dra.names import pool_name, slice_name
 from tests.conftest import require_tool, wait_for_file
 from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
@@ -100,12 +99,9 @@ async def powerdev(node: Node) -> AsyncIterator[trio.Process]:
         await node.harness.wait_driver(node.driver)
         yield proc
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-        else:  # its registration socket is gone: the plugin manager lets it go
+        await stop(proc)
+        if proc.returncode is not None:  # stopped, not killed: its registration
+            # socket is gone, and the plugin manager lets it go
             await node.harness.wait_gone(node.driver)
 
 
