@@ -99,6 +99,8 @@ def test_quick_probe_cost_reports_exec_and_http_probes(tmp_path):
 
 
 def test_import_cost_names_every_step_with_its_resident_memory():
+    from powerdev.devtools import importcost
+
     done = subprocess.run(
         [sys.executable, "-m", "powerdev.devtools.importcost"],
         capture_output=True,
@@ -109,6 +111,26 @@ def test_import_cost_names_every_step_with_its_resident_memory():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("interpreter") and lines[-1].startswith("powerdev: the daemon")
-    assert len(lines) == 13  # the interpreter, then each step
-    total = float(lines[-1].split()[-3])  # "... 43.4 MiB  (+2.4)"
-    assert total > float(lines[0].split()[-2])
+    # the interpreter, each step, and the floor after the design's packages
+    assert len(lines) == 1 + len(importcost.DESIGN) + 1 + len(importcost.CHOSEN)
+    mib = {line[:48].strip(): float(line[48:].split()[0]) for line in lines}
+    floor = mib[importcost.FLOOR]
+    assert mib["interpreter"] < mib["trio"] <= floor < mib["powerdev: the daemon"]
+
+
+def test_import_cost_measures_the_bare_interpreter_first():
+    """Nothing it measures may be imported before its first line: the
+    interpreter's figure would then hold trio's memory (it once did)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, powerdev.devtools.importcost as m; "
+            "print(sorted(n for _, n in m.DESIGN + m.CHOSEN if n in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
