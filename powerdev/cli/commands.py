@@ -206,7 +206,9 @@ def bench(args: argparse.Namespace) -> int:
     import trio
 
     from powerdev.devtools import bench as benchmark
+    from powerdev.devtools.bytecode import compile_for_bench
 
+    compile_for_bench("powerdev bench")  # the daemon loads bytecode, as in the image
     plan = (
         benchmark.QUICK
         if args.quick

@@ -90,7 +90,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.command == "bench-webhook":
         from powerdev.devtools import webhook_bench
+        from powerdev.devtools.bytecode import compile_for_bench
 
+        compile_for_bench("powerdev bench-webhook")  # as in the image
         trio.run(webhook_bench.run_bench, 50 if args.quick else args.reviews, args.json)
         return 0
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import trio
 
+from powerdev.devtools.bytecode import compile_for_bench
 from powerdev.devtools.fake_kubelet import FakeKubelet
 from powerdev.devtools.testing import rss_kib, run_command
 from powerdev.rpc import asyncio_door
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "--held", type=int, default=None, help="idle connections held while probes are timed"
     )
     args = parser.parse_args(argv)
+    compile_for_bench(parser.prog)  # the daemon and the probes load bytecode, as in the image
     plan = QUICK if args.quick else Plan()
     if args.held is not None:
         plan = dataclasses.replace(plan, held=args.held)

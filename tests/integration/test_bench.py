@@ -134,3 +134,35 @@ def test_import_cost_measures_the_bare_interpreter_first():
         check=True,
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_benches_run_powerdev_from_bytecode_as_the_image_does():
+    import importlib.util
+    from pathlib import Path
+
+    import powerdev
+    from powerdev.devtools.bytecode import compile_powerdev
+
+    def current(source: Path) -> bool:
+        compiled = Path(importlib.util.cache_from_source(str(source)))
+        return compiled.is_file() and compiled.stat().st_mtime >= source.stat().st_mtime
+
+    assert compile_powerdev() is None
+    sources = sorted(Path(powerdev.__file__).parent.rglob("*.py"))
+    assert sources and [str(s) for s in sources if not current(s)] == []
+
+
+def test_a_bench_says_when_it_cannot_byte_compile(monkeypatch, capsys):
+    import compileall
+
+    from powerdev.devtools import bytecode
+
+    def refused(directory, quiet):
+        print(f"*** can't write into {directory}: read-only file system")
+        return False
+
+    monkeypatch.setattr(compileall, "compile_dir", refused)
+    bytecode.compile_for_bench("powerdev bench")
+    err = capsys.readouterr().err
+    assert err.startswith("powerdev bench: note: cannot byte-compile ")
+    assert "read-only file system" in err and "compiles its source at start" in err
