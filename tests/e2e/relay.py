@@ -5,18 +5,27 @@ to a pod. TLS passes through untouched.
 
 What a Service would not give a test: the relay counts the connections it
 accepts, can end every open one (as a restarted pod or an idle timeout
-would), and can hold new ones open without a byte of answer (a webhook that
-hangs)."""
+would), and can hold every connection, open or new, without a byte of
+answer (a webhook that hangs): from then on, what a client sends is read
+and dropped, whichever connection it sends it on."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 
 
-async def _pipe(source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope) -> None:
+async def _pipe(
+    source: trio.SocketStream,
+    sink: trio.SocketStream,
+    done: trio.CancelScope,
+    dropping: Callable[[], bool] = lambda: False,
+) -> None:
     try:
         while data := await source.receive_some(65536):
-            await sink.send_all(data)
+            if not dropping():
+                await sink.send_all(data)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     done.cancel()  # one side ended: end the connection
@@ -27,7 +36,7 @@ class Relay:
         self.target_port = target_port
         self.port = 0
         self.accepted = 0  # connections so far
-        self.holding = False  # True: accept, read, never answer
+        self.holding = False  # True: every connection reads and never answers
         self._open: set[trio.CancelScope] = set()
         self._changed = trio.Event()
 
@@ -53,12 +62,17 @@ class Relay:
                     except OSError:
                         return  # nothing listens there: the client sees its connection end
                     async with upstream, trio.open_nursery() as pipes:
-                        pipes.start_soon(_pipe, client, upstream, pipes.cancel_scope)
+                        pipes.start_soon(
+                            _pipe, client, upstream, pipes.cancel_scope, self._dropping
+                        )
                         pipes.start_soon(_pipe, upstream, client, pipes.cancel_scope)
             finally:
                 self._open.discard(scope)
                 self._changed.set()
                 self._changed = trio.Event()
+
+    def _dropping(self) -> bool:
+        return self.holding
 
     async def end_all(self) -> None:
         """End every open connection, and return once all are closed."""
