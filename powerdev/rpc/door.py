@@ -69,19 +69,7 @@ async def serve(
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
-            server.close()  # cancels every call
-            with trio.move_on_after(CLOSE_TIMEOUT):
-                await trio_asyncio.aio_as_trio(server.wait_closed)()
-            # grpclib leaves connections open; a client that never lets go
-            # would keep one (and a call with no deadline, such as the
-            # kubelet's Allocate, would wait forever). End them all.
-            # An aborted transport closes its socket on the loop's next turn,
-            # and a connection accepted just before the close gets its
-            # transport a turn or two later: a few rounds end them all, so a
-            # loop closed right after this leaks nothing.
-            for _ in range(3):
-                server.abort_connections()
-                await trio_asyncio.aio_as_trio(asyncio.sleep)(0)
+            await trio_asyncio.aio_as_trio(server.shut_down)()
             if bound is not None:
                 _remove_if_same(path, bound)
 
@@ -106,17 +94,52 @@ class _Server(Server):
 
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()
-        made = protocol.connection_made
+        made, lost = protocol.connection_made, protocol.connection_lost
+        handed = False  # whether grpclib got the connection
 
         def connection_made(transport: asyncio.BaseTransport) -> None:
+            nonlocal handed
             if self._ending:  # accepted just before the close: end it at once
                 transport.abort()  # type: ignore[attr-defined]
                 return
             self._transports.add(transport)
+            handed = True
             made(transport)
 
+        def connection_lost(exc: BaseException | None) -> None:
+            if handed:  # grpclib knows nothing of a connection ended before it got it
+                lost(exc)
+
         protocol.connection_made = connection_made  # type: ignore[method-assign]
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
         return protocol
+
+    async def shut_down(self) -> None:
+        """Stop accepting, cancel every call (waiting up to CLOSE_TIMEOUT
+        seconds for them to end), and end every connection. Runs on the
+        asyncio loop.
+
+        asyncio gives a connection its transport a turn after accepting it,
+        and cannot once its Server is closed: the accepted socket would be
+        left open, and found only by the garbage collector. So the listening
+        sockets stop first, and the loop turns once (the ready queue runs in
+        order) before the close."""
+        self._ending = True  # a connection made from now on is ended at once
+        loop = asyncio.get_running_loop()
+        for listening in self._server.sockets if self._server is not None else ():
+            loop.remove_reader(listening.fileno())
+        await asyncio.sleep(0)
+        self.close()  # cancels every call
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wait_closed(), CLOSE_TIMEOUT)
+        # grpclib leaves connections open; a client that never lets go would
+        # keep one (and a call with no deadline, such as the kubelet's
+        # Allocate, would wait forever). End them all. An aborted transport
+        # closes its socket on the loop's next turn: a few rounds end them
+        # all, so a loop closed right after this leaks nothing.
+        for _ in range(3):
+            self.abort_connections()
+            await asyncio.sleep(0)
 
     def abort_connections(self) -> int:
         """Drop every connection still open, and any that comes after."""
