@@ -203,7 +203,7 @@ async def test_a_claim_is_allocated_prepared_resolved_kept_across_a_restart_and_
 ):
     with trio.fail_after(LIMIT):
         async with dra_node(api, control_plane, draharness, tmp_path) as node:
-            minor = os.stat(tmp_path / "dev" / "dra0").st_rdev & 0xFF
+            minor = os.minor(os.stat(tmp_path / "dev" / "dra0").st_rdev)
             async with powerdev(node):
                 # `powerdev health --ready` and /readyz: registered by the kubelet.
                 status = await wait_for_file(
