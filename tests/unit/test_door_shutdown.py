@@ -4,8 +4,8 @@ on a plain asyncio loop whose turns the test can count.
 asyncio accepts a connection in one turn and makes its transport in the
 next; a Server closed between the two leaves the accepted socket open
 (the transport's constructor fails on the closed Server) until the garbage
-collector finds it. The test stops the server in exactly that gap, the gap
-a kubelet that reconnects as a driver stops falls into."""
+collector finds it. The test stops the server in exactly that gap, where a
+client (a kubelet, say) that connects just as a server stops lands."""
 
 from __future__ import annotations
 
