@@ -177,11 +177,10 @@ func cdiDevices(mgr *dra.Manager, pod *v1.Pod) (map[string][]string, error) {
 	return out, nil
 }
 
-func podReply(ref string, pod *v1.Pod, remembered bool) reply {
-	return reply{"pod": ref, "uid": string(pod.UID), "remembered": remembered}
-}
-
-func (h *harness) podCommand(verb, ref string) (reply, error) {
+// onPod: what every command on one pod starts from, the started kubelet, a
+// context bounded by callLimit and the pod, handed to do with the reply
+// that names the pod.
+func (h *harness) onPod(ref string, do func(ctx context.Context, cur *instance, pod *v1.Pod, answer reply) (reply, error)) (reply, error) {
 	cur, err := h.started()
 	if err != nil {
 		return nil, err
@@ -192,7 +191,17 @@ func (h *harness) podCommand(verb, ref string) (reply, error) {
 	if err != nil {
 		return nil, err
 	}
-	answer := podReply(ref, pod, remembered)
+	return do(ctx, cur, pod, reply{"pod": ref, "uid": string(pod.UID), "remembered": remembered})
+}
+
+func (h *harness) podCommand(verb, ref string) (reply, error) {
+	return h.onPod(ref, func(ctx context.Context, cur *instance, pod *v1.Pod, answer reply) (reply, error) {
+		return podVerb(ctx, cur, pod, answer, verb)
+	})
+}
+
+func podVerb(ctx context.Context, cur *instance, pod *v1.Pod, answer reply, verb string) (reply, error) {
+	var err error
 	began := time.Now()
 	switch verb {
 	case "prepare":
@@ -260,17 +269,12 @@ const healthSync = 100 * time.Millisecond
 // updates above, as the kubelet's sync loop is woken by them) and every
 // healthSync.
 func (h *harness) waitHealth(ref, want string, timeout time.Duration) (reply, error) {
-	cur, err := h.started()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), h.logger), callLimit)
-	defer cancel()
-	pod, remembered, err := h.api.pod(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	answer := podReply(ref, pod, remembered)
+	return h.onPod(ref, func(_ context.Context, cur *instance, pod *v1.Pod, answer reply) (reply, error) {
+		return h.awaitHealth(cur, pod, answer, ref, want, timeout)
+	})
+}
+
+func (h *harness) awaitHealth(cur *instance, pod *v1.Pod, answer reply, ref, want string, timeout time.Duration) (reply, error) {
 	var health map[string][]v1.ResourceStatus
 	began := time.Now()
 	ok := false
