@@ -716,12 +716,7 @@ async def test_powerdev_publishes_and_prepares_under_exactly_that_role(
     make_nodes(dev, ["dm-0", "dm-1"])  # examples/dra/config-dra.json takes /dev/dm-*
     registry, plugins, state, cdi = (tmp_path / d for d in ("registry", "plugins", "state", "cdi"))
     with trio.fail_after(2 * LIMIT):  # a node's whole life: the harness, powerdev, a pod
-        created = await api.create_node(node)
-        taints = [
-            *(created["spec"].get("taints") or []),
-            {"key": TAINT, "value": node, "effect": "NoSchedule"},
-        ]
-        await api.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"taints": taints}})
+        await api.create_node(node, taints=[{"key": TAINT, "value": node, "effect": "NoSchedule"}])
         await api.create_namespace(node)
         token = await pod_token(api, node)
         kubeconfig = token_kubeconfig(tmp_path / "token.kubeconfig", control_plane, token)

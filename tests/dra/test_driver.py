@@ -122,12 +122,7 @@ async def dra_node(
     or with `both` "api": "both" in CDI mode; `options` for `powerdev run`)."""
     name = f"dra-{secrets.token_hex(3)}"
     driver = f"{name}.powerdev.test"
-    created = await api.create_node(name)
-    taints = [t for t in created["spec"].get("taints") or [] if t["key"] != TAINT]
-    await api.merge_patch(
-        f"/api/v1/nodes/{name}",
-        {"spec": {"taints": [*taints, {"key": TAINT, "value": name, "effect": "NoSchedule"}]}},
-    )
+    await api.create_node(name, taints=[{"key": TAINT, "value": name, "effect": "NoSchedule"}])
     await api.create_namespace(name)
     cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
     await api.create(

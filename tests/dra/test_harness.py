@@ -150,12 +150,7 @@ async def dra_node(
     deleted on the way out."""
     name = f"dra-{secrets.token_hex(3)}"
     driver_name = f"{name}.powerdev.test"
-    node = await api.create_node(name)
-    taints = [t for t in node["spec"].get("taints") or [] if t["key"] != TAINT]
-    await api.merge_patch(
-        f"/api/v1/nodes/{name}",
-        {"spec": {"taints": [*taints, {"key": TAINT, "value": name, "effect": "NoSchedule"}]}},
-    )
+    await api.create_node(name, taints=[{"key": TAINT, "value": name, "effect": "NoSchedule"}])
     await api.create_namespace(name)
     registry, plugins, state = dirs(tmp_path)
     driver = TinyDriver(driver_name, registry, plugins, CDI_ID, pool=name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -168,11 +168,14 @@ class Api:
         await self.wait_for(f"/api/v1/namespaces/{name}/serviceaccounts", "default")
         return namespace
 
-    async def create_node(self, name: str, resources: dict[str, str] | None = None) -> dict:
+    async def create_node(
+        self, name: str, resources: dict[str, str] | None = None, taints: Sequence[dict] = ()
+    ) -> dict:
         """A Node as a kubelet would register it, Ready, with `resources`
         (like {"cpu": "4", "example.com/dev": "2"}) as capacity and
         allocatable, and without the not-ready taint that the API server's
-        admission puts on every new node (no node controller runs to lift it)."""
+        admission puts on every new node (no node controller runs to lift it),
+        but with `taints`."""
         capacity = {"cpu": "4", "memory": "8Gi", "pods": "110", **(resources or {})}
         labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
         await self.create("/api/v1/nodes", {"metadata": {"name": name, "labels": labels}})
@@ -189,14 +192,14 @@ class Api:
             ],
         }
         node = await self.merge_patch(f"/api/v1/nodes/{name}/status", {"status": status})
-        taints = [t for t in node["spec"].get("taints", []) if t["key"] != NOT_READY_TAINT]
+        kept = [t for t in node["spec"].get("taints", []) if t["key"] != NOT_READY_TAINT]
         # The resourceVersion makes this a compare-and-swap: it fails rather
         # than drop a taint that someone else added meanwhile.
         return await self.merge_patch(
             f"/api/v1/nodes/{name}",
             {
                 "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                "spec": {"taints": taints or None},
+                "spec": {"taints": [*kept, *taints] or None},
             },
         )
 
