@@ -47,7 +47,7 @@ from powerdev.devtools.bench import (
     rss_mib,
     spread,
 )
-from powerdev.devtools.testing import NODE_MAJOR, make_nodes
+from powerdev.devtools.testing import NODE_MAJOR, dra_options, make_nodes
 from powerdev.dra.names import endpoint, pool_name, slice_name
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import DraNodeClient
@@ -192,18 +192,8 @@ async def measure_daemon(
         entry = {"name": RESOURCE, "api": "dra", "include-devices": ["/dev/bench*"]}
         config.write_text(json.dumps({"resources": [entry]}))
         plugins = root / "plugins"
-        daemon = Daemon(
-            root / "device-plugins",
-            config,
-            root / "dev",
-            "off",
-            "--cdi-spec-dir", str(root / "cdi"),
-            "--node-name", node,
-            "--dra-driver", DRIVER,
-            "--kubeconfig", str(plane.kubeconfig),
-            "--dra-plugins-dir", str(plugins),
-            "--dra-registry-dir", str(root / "plugins_registry"),
-        )  # fmt: skip
+        options = dra_options(root, node, plane.kubeconfig, DRIVER)
+        daemon = Daemon(root / "device-plugins", config, root / "dev", "off", *options)
         async with plane.api() as api:
             began = time.perf_counter()
             await daemon.start()

@@ -43,6 +43,23 @@ def run_command(plugin_dir: Path, config: Path, dev_root: Path, *options: str) -
     ]
 
 
+def dra_options(
+    root: Path, node: str, kubeconfig: Path, driver: str | None = None
+) -> tuple[str, ...]:
+    """`powerdev run`'s options for a DRA node: its name, the API server's
+    kubeconfig, the driver unless it is the default, and the driver's CDI
+    specs and sockets under root, laid out as a kubelet's are: cdi/,
+    plugins/ and plugins_registry/."""
+    return (
+        "--node-name", node,
+        *(("--dra-driver", driver) if driver else ()),
+        "--kubeconfig", str(kubeconfig),
+        "--cdi-spec-dir", str(root / "cdi"),
+        "--dra-plugins-dir", str(root / "plugins"),
+        "--dra-registry-dir", str(root / "plugins_registry"),
+    )  # fmt: skip
+
+
 def rss_kib(pid: int) -> int | None:
     """A process's resident memory in KiB (VmRSS), or None if it reports none."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -44,7 +44,7 @@ from powerdev.devtools.cluster.client import Api, ApiError
 from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK, DRAHARNESS
-from powerdev.devtools.testing import is_root, make_nodes, run_command, stop
+from powerdev.devtools.testing import dra_options, is_root, make_nodes, run_command, stop
 from powerdev.dra.names import pool_name, slice_name
 from tests.conftest import require_tool
 from tests.deploy.test_manifests import (
@@ -54,6 +54,7 @@ from tests.deploy.test_manifests import (
     kustomize,
 )
 from tests.docs.markdown import blocks
+from tests.dra.test_harness import TAINT, dirs
 
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl is not on this machine"
@@ -85,7 +86,6 @@ DRIVER_CALLS = {
     ("resourceclaims", "get"),
 }
 POLICY = "power-device-plugin-dra-own-node"
-TAINT = "powerdev.test/dra-node"  # as tests/dra: keeps every other test's pods off our node
 LIMIT = 60  # seconds: the bound of each test against the API server
 PROBE_PACE = 0.05  # seconds between two dry-run probes (the policy's start, see below)
 
@@ -714,7 +714,8 @@ async def test_powerdev_publishes_and_prepares_under_exactly_that_role(
     mine = {"fieldSelector": f"spec.driver={DRIVER},spec.nodeName={node}"}
     dev = tmp_path / "dev"
     make_nodes(dev, ["dm-0", "dm-1"])  # examples/dra/config-dra.json takes /dev/dm-*
-    registry, plugins, state, cdi = (tmp_path / d for d in ("registry", "plugins", "state", "cdi"))
+    registry, plugins, state = dirs(tmp_path)
+    cdi = tmp_path / "cdi"
     with trio.fail_after(2 * LIMIT):  # a node's whole life: the harness, powerdev, a pod
         await api.create_node(node, taints=[{"key": TAINT, "value": node, "effect": "NoSchedule"}])
         await api.create_namespace(node)
@@ -724,20 +725,8 @@ async def test_powerdev_publishes_and_prepares_under_exactly_that_role(
             tmp_path / "device-plugins",
             EXAMPLES / "config-dra.json",
             dev,
-            "--uevents",
-            "off",
-            "--cdi-spec-dir",
-            str(cdi),
-            "--status-file",
-            str(tmp_path / "status.json"),
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--dra-plugins-dir",
-            str(plugins),
-            "--dra-registry-dir",
-            str(registry),
+            *("--uevents", "off", "--status-file", str(tmp_path / "status.json")),
+            *dra_options(tmp_path, node, kubeconfig),
         )  # the driver is the default, dra.powerdev.io, as deploy/dra names it
         async with (
             DRAHarness.running(

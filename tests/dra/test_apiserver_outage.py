@@ -33,7 +33,7 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster import controlplane
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import is_root, make_nodes, run_command, stop
+from powerdev.devtools.testing import dra_options, is_root, make_nodes, run_command, stop
 from powerdev.dra.names import endpoint, pool_name, slice_name
 from powerdev.rpc import asyncio_door
 from tests.conftest import require_tool, wait_for_file
@@ -237,15 +237,11 @@ async def test_a_pool_that_shrinks_to_one_slice_meanwhile_loses_its_second_slice
             controlplane.running(tmp_path / "cp", tools, controllers=False) as plane,
             plane.api() as api,
         ):
-            _, plugins, _ = dirs(tmp_path)
             command = run_command(
                 tmp_path / "device-plugins",
                 config,
                 dev,
-                *("--uevents", "off", "--cdi-spec-dir", str(tmp_path / "cdi")),
-                *("--node-name", node, "--dra-driver", driver),
-                *("--kubeconfig", str(plane.kubeconfig), "--dra-plugins-dir", str(plugins)),
-                *("--dra-registry-dir", str(tmp_path / "plugins_registry")),
+                *("--uevents", "off", *dra_options(tmp_path, node, plane.kubeconfig, driver)),
             )
             first, second = (slice_name(node, driver, RESOURCE, i) for i in (0, 1))
             async with running(command, log):

@@ -25,7 +25,14 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster.client import Api, container, pod
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes, run_command, stop
+from powerdev.devtools.testing import (
+    NODE_MAJOR,
+    dra_options,
+    is_root,
+    make_nodes,
+    run_command,
+    stop,
+)
 from powerdev.dra.names import pool_name, slice_name
 from tests.conftest import require_tool, wait_for_file
 from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
@@ -155,22 +162,8 @@ async def dra_node(
         tmp_path / "device-plugins",
         config,
         dev,
-        "--uevents",
-        "off",
-        "--cdi-spec-dir",
-        str(cdi),
-        "--status-file",
-        str(tmp_path / "status.json"),
-        "--node-name",
-        name,
-        "--dra-driver",
-        driver,
-        "--kubeconfig",
-        str(plane.kubeconfig),
-        "--dra-plugins-dir",
-        str(plugins),
-        "--dra-registry-dir",
-        str(registry),
+        *("--uevents", "off", "--status-file", str(tmp_path / "status.json")),
+        *dra_options(tmp_path, name, plane.kubeconfig, driver),
         *options,
     )
     log = tmp_path / "draharness.log"
