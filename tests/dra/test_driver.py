@@ -62,9 +62,12 @@ class Node:
     def namespace(self) -> str:
         return self.name
 
-    def claim_spec(self, count: int = 1) -> dict:
-        request = {"name": "dev", "exactly": {"deviceClassName": self.name, "count": count}}
-        return {"devices": {"requests": [request]}}
+    def claim_spec(self, count: int = 1, cel: str = "") -> dict:
+        """`count` devices of the resource's class, those `cel` selects if given."""
+        exactly: dict = {"deviceClassName": self.name, "count": count}
+        if cel:
+            exactly["selectors"] = [{"cel": {"expression": cel}}]
+        return {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
 
     async def pod_using(self, name: str, source: dict) -> None:
         """A pod whose container c0 uses claim "dev" from `source`."""
@@ -80,9 +83,9 @@ class Node:
         pods = f"/api/v1/namespaces/{self.namespace}/pods"
         return await self.api.wait_for(pods, name, lambda p: p["spec"].get("nodeName") == self.name)
 
-    async def pod_with_claim(self, name: str, count: int = 1) -> dict:
-        """A claim for devices of the resource's class, and a pod using it
-        in container c0; the claim once the scheduler has bound the pod."""
+    async def pod_with_claim(self, name: str, count: int = 1, cel: str = "") -> dict:
+        """A claim for devices of the resource's class (claim_spec), and a pod
+        using it in container c0; the claim once the scheduler has bound the pod."""
         claims = f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims"
         await self.api.create(
             claims,
@@ -90,7 +93,7 @@ class Node:
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name},
-                "spec": self.claim_spec(count),
+                "spec": self.claim_spec(count, cel),
             },
         )
         await self.pod_using(name, {"resourceClaimName": name})

@@ -45,27 +45,7 @@ async def claim_on(node: Node, name: str, path: str | None = None, cel: str = ""
     attribute) or that `cel` selects, a pod using it in container c0,
     bound: the claim."""
     cel = cel or f'device.attributes["{node.driver}"].path == "{path}"'
-    request = {
-        "name": "dev",
-        "exactly": {
-            "deviceClassName": node.name,
-            "count": 1,
-            "selectors": [{"cel": {"expression": cel}}],
-        },
-    }
-    claims = f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims"
-    await node.api.create(
-        claims,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [request]}},
-        },
-    )
-    await node.pod_using(name, {"resourceClaimName": name})
-    await node.bound(name)
-    return await node.api.get(f"{claims}/{name}")
+    return await node.pod_with_claim(name, cel=cel)
 
 
 async def wait_health(node: Node, pod: str, health: str) -> dict[str, list[dict]]:
