@@ -1,4 +1,5 @@
-"""The trio-asyncio loop and a Trio-shaped gRPC server lifetime."""
+"""The trio-asyncio loop, a Trio-shaped gRPC server lifetime, and the one way
+its streams send (a peer that has gone is a cancellation, not an error)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import trio_asyncio
 from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server
+from grpclib.server import Server, Stream
+from h2.exceptions import StreamClosedError
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 2.0  # seconds a closing server may take to end its calls
@@ -72,6 +74,18 @@ async def serve(
             await trio_asyncio.aio_as_trio(server.shut_down)()
             if bound is not None:
                 _remove_if_same(path, bound)
+
+
+async def send_or_cancel(stream: Stream, message: object) -> None:
+    """Send on a stream the peer may have just closed (a kubelet restarting
+    ends its connection): that is the peer cancelling the call, and grpclib
+    counts it as such, logged at INFO, only if the handler ends with
+    CancelledError; any other exception is "Failed to handle cancellation",
+    an ERROR with two tracebacks, for a routine event."""
+    try:
+        await stream.send_message(message)
+    except (StreamClosedError, StreamTerminatedError, ConnectionError) as err:
+        raise asyncio.CancelledError(f"the peer closed the stream: {err!r}") from err
 
 
 # grpclib's servers ping every connection after 2 h idle, with a timer per

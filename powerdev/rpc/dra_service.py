@@ -41,8 +41,7 @@ from powerdev.dra import health
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.health import HealthWatch, Report
 from powerdev.dra.names import endpoint, registration_socket
-from powerdev.rpc.door import serve
-from powerdev.rpc.plugin_service import _send
+from powerdev.rpc.door import send_or_cancel, serve
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +204,7 @@ class _Health(DraResourceHealthBase):
         sent: Report | None = None
         while True:
             report = await next_report(sent)
-            await _send(stream, health_response(report))
+            await send_or_cancel(stream, health_response(report))
             sent = report
 
 

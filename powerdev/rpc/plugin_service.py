@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpclib.const
 import trio
 import trio_asyncio
 from grpclib.const import Status
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
-from h2.exceptions import StreamClosedError
 
 from powerdev._proto.v1beta1 import (
     AllocateRequest,
@@ -32,6 +29,7 @@ from powerdev.resources.allocation import AllocationRefused
 from powerdev.resources.cdi import SpecWriteError
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
+from powerdev.rpc.door import send_or_cancel
 
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
@@ -147,7 +145,7 @@ class PluginService(DevicePluginBase):
             sent = 0
             while True:
                 snapshot = await wait_newer(sent)
-                await _send(stream, await encode(snapshot))
+                await send_or_cancel(stream, await encode(snapshot))
                 metrics.list_sent(self._plugin.resource.name)
                 sent = snapshot.version
                 if from_kubelet:
@@ -156,18 +154,6 @@ class PluginService(DevicePluginBase):
             metrics.stream_closed(self._plugin.resource.name, from_kubelet)
             if from_kubelet:
                 self.kubelet_stream_ended.set()
-
-
-async def _send(stream: Stream, message: object) -> None:
-    """Send on a stream the peer may have just closed (a kubelet restarting
-    ends its connection): that is the peer cancelling the call, and grpclib
-    counts it as such, logged at INFO, only if the handler ends with
-    CancelledError; any other exception is "Failed to handle cancellation",
-    an ERROR with two tracebacks, for a routine event."""
-    try:
-        await stream.send_message(message)
-    except (StreamClosedError, StreamTerminatedError, ConnectionError) as err:
-        raise asyncio.CancelledError(f"the peer closed the stream: {err!r}") from err
 
 
 def connection_of(stream: Stream) -> object:
