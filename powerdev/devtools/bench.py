@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from powerdev.devtools.testing import (
     make_nodes,
     rss_kib,
     run_command,
+    stop,
 )
 from powerdev.ops.oplog import plural
 from powerdev.rpc import asyncio_door
@@ -175,12 +175,7 @@ class Daemon:
         """SIGTERM, and once it has exited, its report of the longest steps
         (read now: the temp dir it is in may go before anyone asks)."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(STOP_TIMEOUT):
-            await self.proc.wait()
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+        await stop(self.proc, STOP_TIMEOUT)
         self._steps = stepwatch.read(self.steps)
 
     def longest_step(self) -> dict[str, object] | None:

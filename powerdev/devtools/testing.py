@@ -148,9 +148,11 @@ def bound(node: str | Path, backing: Path) -> Iterator[None]:
 
 async def stop(proc: trio.Process, limit: float = 10.0) -> None:
     """SIGTERM, and wait at most `limit` seconds (even when the caller is
-    being cancelled); killed if it is still there then."""
-    with trio.CancelScope(shield=True), trio.move_on_after(limit):
-        proc.send_signal(signal.SIGTERM)
-        await proc.wait()
-    if proc.returncode is None:
-        proc.kill()
+    being cancelled); killed if it is still there then, and reaped."""
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(limit):
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
