@@ -146,13 +146,16 @@ def bound(node: str | Path, backing: Path) -> Iterator[None]:
         os.close(fd)
 
 
-async def stop(proc: trio.Process, limit: float = 10.0) -> None:
+async def stop(proc: trio.Process, limit: float = 10.0) -> bool:
     """SIGTERM, and wait at most `limit` seconds (even when the caller is
-    being cancelled); killed if it is still there then, and reaped."""
+    being cancelled); killed if it is still there then, and reaped. True
+    if it had to be killed."""
     with trio.CancelScope(shield=True):
         with trio.move_on_after(limit):
             proc.send_signal(signal.SIGTERM)
             await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        if proc.returncode is not None:
+            return False
+        proc.kill()
+        await proc.wait()
+        return True

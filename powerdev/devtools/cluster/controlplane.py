@@ -41,6 +41,7 @@ import trio
 from powerdev.devtools import kit
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.pki import Pki, make_pki, write_kubeconfigs
+from powerdev.devtools.testing import stop
 
 START_LIMIT = 120.0  # seconds for the whole start, on a busy 2-core machine
 STOP_LIMIT = 15.0  # seconds each process has after SIGTERM before SIGKILL
@@ -290,15 +291,8 @@ async def _start(
 
 async def _stop(component: Component) -> None:
     component.stopping = True
-    proc = component.proc
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(STOP_LIMIT):
-            await proc.wait()
-        if proc.returncode is None:
-            component.killed = True
-            proc.kill()
-            await proc.wait()
+    if component.proc.returncode is None:
+        component.killed = await stop(component.proc, STOP_LIMIT)
 
 
 async def _record_exit(component: Component, exited: dict[str, int]) -> None:
