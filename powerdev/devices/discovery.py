@@ -10,6 +10,7 @@ Patterns are host paths ("/dev/dm-*") matched as Go's filepath.Match does:
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Iterable
@@ -22,37 +23,7 @@ NX_GZIP = "/dev/crypto/nx-gzip"
 # Memory-backed block devices that are never SAN or local disks. Loop devices
 # are left out of block discovery too; include them with a pattern.
 _VIRTUAL_BLOCK_PREFIXES = ("ram", "loop", "zram")
-# Nodes whose ioctls create or remove devices on the host (loop devices, dm
-# maps, btrfs device scans, ublk and cuse devices, input and HID devices, NVMe
-# fabrics controllers, virtual Bluetooth controllers), by the kernel's name
-# for them (sysfs /sys/dev/char/M:m) and by their usual paths.
-CONTROL_NAMES = frozenset(
-    {
-        "loop-control",
-        "device-mapper",
-        "btrfs-control",
-        "ublk-control",
-        "cuse",
-        "uinput",
-        "uhid",
-        "nvme-fabrics",
-        "vhci",
-    }
-)
-CONTROL_PATHS = frozenset(
-    {
-        "/dev/loop-control",
-        "/dev/mapper/control",
-        "/dev/btrfs-control",
-        "/dev/ublk-control",
-        "/dev/cuse",
-        "/dev/uinput",
-        "/dev/input/uinput",
-        "/dev/uhid",
-        "/dev/nvme-fabrics",
-        "/dev/vhci",
-    }
-)
+_MAX_LINKS = 40  # as the kernel's own bound on links followed in one lookup
 
 
 def matches(pattern: str, host_path: str) -> bool:
@@ -70,12 +41,78 @@ def to_local(dev_root: Path, host_path: str) -> Path:
     return dev_root / rel if rel else dev_root
 
 
-def probe(dev_root: Path, host_path: str) -> Device | None:
-    """The device at host_path if it is a character or block node (links followed)."""
-    try:
-        st = os.stat(to_local(dev_root, host_path))
-    except OSError:
+@functools.lru_cache(maxsize=8)
+def _roots(dev_root: str) -> tuple[str, tuple[str, ...]]:
+    """The dev root, normalised, and where a proc filesystem may be reached
+    from: /proc, and the proc beside a host /dev mounted elsewhere
+    (/host/proc beside /host/dev)."""
+    root = os.path.normpath(dev_root)
+    beside = os.path.join(os.path.dirname(root), "proc")
+    return root, ("/proc", beside) if beside != "/proc" else ("/proc",)
+
+
+def _in_proc(path: str, procs: tuple[str, ...]) -> bool:
+    return any(path == proc or path.startswith(proc + "/") for proc in procs)
+
+
+Dirs = dict[str, str | None]  # a directory -> its real path (None: in a proc filesystem)
+
+
+def node_stat(
+    dev_root: Path, host_path: str, dirs: Dirs | None = None
+) -> tuple[str, os.stat_result] | None:
+    """Where the node a host path names is visible to us, and its stat:
+    links followed (a relative one from its own directory, an absolute one
+    from the root), but never through a proc filesystem: /dev/stdin ->
+    /proc/self/fd/0, /dev/fd -> /proc/self/fd and /dev/core -> /proc/kcore
+    name what the process looking holds, not a device of the host. None
+    when the path is not there, goes through /proc or loops. `dirs` keeps
+    the directories resolved so far (one look at many paths: one lstat a
+    path, plus one a link)."""
+    root, procs = _roots(os.fspath(dev_root))
+    rel = host_path.removeprefix(HOST_DEV).strip("/")
+    local = f"{root}/{rel}" if rel else root
+    known = dirs if dirs is not None else {}
+    for _ in range(_MAX_LINKS):
+        parent, _, name = local.rpartition("/")
+        parent = parent or "/"
+        real_parent = known.get(parent, "")
+        if real_parent == "":
+            real_parent = os.path.realpath(parent)
+            real_parent = None if _in_proc(real_parent, procs) else real_parent
+            known[parent] = real_parent
+        if real_parent is None:
+            return None
+        here = f"{real_parent.rstrip('/')}/{name}" if name else real_parent
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            return here, st
+        try:
+            target = os.readlink(here)
+        except OSError:
+            return None
+        local = os.path.normpath(os.path.join(real_parent, target))
+        if _in_proc(local, procs):
+            return None
+    return None
+
+
+def local_node(dev_root: Path, host_path: str) -> str | None:
+    """node_stat()'s place alone."""
+    found = node_stat(dev_root, host_path)
+    return found[0] if found is not None else None
+
+
+def probe(dev_root: Path, host_path: str, dirs: Dirs | None = None) -> Device | None:
+    """The device at host_path if it is a character or block node (links
+    followed, never through /proc: node_stat)."""
+    found = node_stat(dev_root, host_path, dirs)
+    if found is None:
         return None
+    st = found[1]
     if stat.S_ISBLK(st.st_mode):
         kind = "b"
     elif stat.S_ISCHR(st.st_mode):
@@ -114,32 +151,6 @@ def include_candidates(dev_root: Path, patterns: Iterable[str]) -> list[str]:
     return found
 
 
-MISC_MAJOR = 10  # the kernel's misc devices: loop-control, mapper/control, ...
-
-
-def is_control_node(device: Device, sys_root: Path) -> bool:
-    """Does this node let its user create or remove host devices?"""
-    if device.path in CONTROL_PATHS:
-        return True
-    if device.kind != "c" or device.major != MISC_MAJOR:
-        return False  # the control nodes are all misc character devices
-    try:
-        target = os.readlink(
-            os.path.join(sys_root, "dev", "char", f"{device.major}:{device.minor}")
-        )
-    except OSError:
-        return False
-    return os.path.basename(target) in CONTROL_NAMES
-
-
-def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> bool:
-    """Control nodes are granted only when a pattern names them literally
-    (no wildcard): `/dev/loop*` never grants /dev/loop-control."""
-    if not is_control_node(device, sys_root):
-        return True
-    return any(p == device.path and not gomatch.has_magic(p) for p in include)
-
-
 def missing_directories(patterns: Iterable[str], dev_root: Path) -> list[tuple[str, Path]]:
     """(pattern, directory) for each pattern whose fixed directory part does
     not exist under dev_root: it can match nothing until that directory appears."""
@@ -155,3 +166,12 @@ def missing_directories(patterns: Iterable[str], dev_root: Path) -> list[tuple[s
         if not where.is_dir():
             missing.append((pattern, where))
     return missing
+
+
+def control_allowed(device: Device, include: Iterable[str], sys_root: Path) -> bool:
+    """May this node be granted under these patterns? A control node or a
+    kernel interface only when a pattern names it literally (special.py)."""
+    from powerdev.devices import special
+
+    why = special.why_literal_only(device.kind, device.major, device.minor, device.path, sys_root)
+    return why is None or special.named_literally(device.path, include)

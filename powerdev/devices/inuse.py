@@ -523,10 +523,14 @@ class HostUse:
 
     def reason(self, device: Device) -> str | None:
         """Why the host uses this device, or None if it does not."""
-        number = (device.major, device.minor)
-        if device.kind == "b":
+        return self.reason_of(device.key)
+
+    def reason_of(self, key: tuple[str, int, int]) -> str | None:
+        """reason(), for a device by its kind and numbers."""
+        kind, number = key[0], (key[1], key[2])
+        if kind == "b":
             return self.block_reason(number)
-        if device.kind == "c":
+        if kind == "c":
             for disk in self.topology.aliased_disks(number):
                 why = self.name_reason(disk)
                 if why is not None:
@@ -536,10 +540,14 @@ class HostUse:
     def group(self, device: Device) -> frozenset[Number]:
         """The block devices the rule joins this device to (itself included;
         for a disk alias, its disks' groups): what can change its answer."""
-        number = (device.major, device.minor)
-        if device.kind == "b":
+        return self.group_of(device.key)
+
+    def group_of(self, key: tuple[str, int, int]) -> frozenset[Number]:
+        """group(), for a device by its kind and numbers."""
+        kind, number = key[0], (key[1], key[2])
+        if kind == "b":
             return self.joined(number)
-        if device.kind == "c":
+        if kind == "c":
             return frozenset(
                 n
                 for disk in self.topology.aliased_disks(number)

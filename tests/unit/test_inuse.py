@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import control_allowed, is_control_node
+from powerdev.devices import special
+from powerdev.devices.discovery import control_allowed
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inuse import (
     BlockTopology,
@@ -520,10 +521,10 @@ def test_control_nodes_are_known_by_their_kernel_name_too(tmp_path):
     (sys_root / "dev" / "char").mkdir(parents=True)
     (sys_root / "dev" / "char" / "10:237").symlink_to("../../devices/virtual/misc/loop-control")
     odd = Device("odd", "/dev/odd", "c", 10, 237)
-    assert is_control_node(odd, sys_root)
+    assert special.by_number("c", 10, 237, sys_root) == special.CONTROL
     assert not control_allowed(odd, ["/dev/o*"], sys_root)
     assert control_allowed(odd, ["/dev/odd"], sys_root)
-    assert not is_control_node(Device("odd", "/dev/odd", "b", 10, 237), sys_root)
+    assert special.by_number("b", 10, 237, sys_root) is None
 
 
 async def test_events_never_list_a_control_node(tmp_path):

@@ -1,0 +1,561 @@
+"""The node's device table: every device a look has found, by what it is.
+
+One for the node, shared by every resource and both APIs, keyed by kind
+and numbers: a device, not a name. For each device it knows every name a
+look found for it (the node, /dev/mapper and /dev/disk/by-* links, any
+link) and what sysfs and the host say of it (Facts): the kernel's name,
+its identity, NUMA node and place among the disks, whether only a literal
+pattern may grant it (special.py), whether the host uses it and why
+(inuse.py), and its family (family.py). It knows nothing of configs or
+resources: whoever asks names the paths to look at.
+
+A look costs what it looks at. A few paths (device events) are looked at
+on the Trio thread (look); many (a rescan) in a worker thread, as plain
+data (survey), adopted on the Trio thread (adopt). A block event reads
+again only the devices joined to the event's device; a change of the
+host's mount table or swap only the devices joined to one whose use
+changed. Each returns what changed (Changes): the paths that now name
+another device (or none), and the devices whose facts, or whose family
+seen from the other side, changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from powerdev.devices import identity, special
+from powerdev.devices.discovery import Dirs, probe
+from powerdev.devices.family import NO_FAMILY, Family, Key, family
+from powerdev.devices.inuse import (
+    BlockTopology,
+    HostUse,
+    direct_use,
+    journal_entries,
+    read_text,
+)
+from powerdev.devices.model import BlockFacts
+from powerdev.devices.udevdb import UdevDatabase
+
+log = logging.getLogger(__name__)
+
+Number = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What sysfs and the host say of one device."""
+
+    kernel_name: str | None = None  # its name under /dev as the kernel gives it
+    identity: tuple[str, str] | None = None  # (source, value): identity.identity()
+    numa: int | None = None
+    whole_disk: Number | None = None  # a partition's disk
+    has_partitions: bool = False
+    literal_only: str | None = None  # why only a literal pattern may grant it
+    host_use: str | None = None  # why the host uses it; None: it does not
+    family: Family = NO_FAMILY
+    # the block devices whose change can change host_use (for invalidation)
+    host_group: frozenset[Number] = frozenset()
+
+    @property
+    def identity_text(self) -> str | None:
+        return f"{self.identity[0]}={self.identity[1]}" if self.identity else None
+
+
+@dataclass
+class Changes:
+    """What a look changed: paths that name another device now (or none),
+    and devices whose facts or family changed."""
+
+    paths: set[str] = field(default_factory=set)
+    keys: set[Key] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.paths or self.keys)
+
+    def __ior__(self, other: Changes) -> Changes:
+        self.paths |= other.paths
+        self.keys |= other.keys
+        return self
+
+
+@dataclass
+class HostTables:
+    """The host's tables as read at one moment: the devices used directly
+    (mounts, swap) and the external journals in use, by name."""
+
+    direct: dict[Number, str] = field(default_factory=dict)
+    journals: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Survey:
+    """A look at many paths, made in a worker thread: what each path is,
+    the facts of each device found, and the host's tables it used."""
+
+    paths: dict[str, Key | None]
+    facts: dict[Key, Facts]
+    tables: HostTables | None
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """Where the host's use of its devices is read (None: not screened)."""
+
+    mountinfo: Path | None
+    swaps: Path | None
+    jbd2: Path | None = None
+
+    def read(self, dev_root: Path, sys_root: Path) -> HostTables:
+        table = read_text(self.mountinfo) if self.mountinfo is not None else None
+        direct = direct_use(table, read_text(self.swaps), dev_root, sys_root)
+        jbd2 = self.jbd2
+        if jbd2 is None and self.swaps is not None:
+            jbd2 = self.swaps.parent / "fs" / "jbd2"  # /proc/fs/jbd2 beside /proc/swaps
+        journals = {
+            name: "the external journal (jbd2) of a mounted filesystem"
+            for name in journal_entries(jbd2)
+        }
+        return HostTables(direct, journals)
+
+
+class DeviceTable:
+    def __init__(
+        self,
+        dev_root: Path,
+        sys_root: Path,
+        *,
+        udev: UdevDatabase | None = None,
+        host: HostFiles | None = None,
+    ) -> None:
+        self.dev_root = dev_root
+        self.sys_root = sys_root
+        self.udev = udev
+        self.host = host  # None: the host's use is not looked at
+        self._at: dict[str, Key] = {}  # path -> the device it names
+        self._names: dict[Key, set[str]] = {}
+        self._facts: dict[Key, Facts] = {}
+        self._by_identity: dict[tuple[str, str], set[Key]] = {}
+        self._reverse: dict[Key, set[Key]] = {}  # key -> the keys whose family holds it
+        self._joined: dict[Number, set[Key]] = {}  # block number -> keys it can change
+        self._properties: dict[Key, dict[str, str]] = {}
+        self._block_facts: dict[Key, BlockFacts | None] = {}
+        self._tables: HostTables | None = None
+        # While surveys run, what each path and device last changed at, so
+        # that a survey begun before a change does not undo it.
+        self._surveys = 0
+        self._gen = 0
+        self._since: dict[object, int] = {}
+
+    # --- asking ---------------------------------------------------------------
+
+    def knows(self, path: str) -> bool:
+        return path in self._at
+
+    def key_of(self, path: str) -> Key | None:
+        return self._at.get(path)
+
+    def names(self, key: Key) -> tuple[str, ...]:
+        return tuple(sorted(self._names.get(key, ())))
+
+    def keys(self) -> list[Key]:
+        return list(self._names)
+
+    def facts(self, key: Key) -> Facts:
+        found = self._facts.get(key)
+        if found is None:
+            found = self._observe({key}, self._topology(), self._host_use())[key]
+            self._set_facts(key, found)
+        return found
+
+    def overlapping(self, key: Key) -> frozenset[Key]:
+        """Every device that shares a block with this one, either side's
+        knowledge counted (an alias knows its disk; the disk learns it here)."""
+        facts = self._facts.get(key)
+        mine = facts.family.overlapping if facts is not None else frozenset()
+        return mine | self._reverse.get(key, set())
+
+    def relation(self, key: Key, other: Key) -> str:
+        """How `other` overlaps `key`, in words that complete "lists ...":
+        "its whole disk", "its partition", "what it lies on", "what lies on
+        it", "the same storage"."""
+        mine = self._facts.get(key)
+        theirs = self._facts.get(other)
+        if other == key:
+            return "it"
+        if mine is not None and mine.whole_disk is not None and other[0] == "b":
+            if other[1:] == mine.whole_disk:
+                return "its whole disk"
+        if theirs is not None and theirs.whole_disk is not None and key[0] == "b":
+            if theirs.whole_disk == key[1:]:
+                return "its partition"
+        if mine is not None:
+            if other in mine.family.below:
+                return "what it lies on,"
+            if other in mine.family.above:
+                return "what lies on it,"
+        if theirs is not None:
+            if key in theirs.family.below:
+                return "what lies on it,"
+            if key in theirs.family.above:
+                return "what it lies on,"
+        return "the same storage as"
+
+    def properties(self, key: Key) -> dict[str, str]:
+        """Its properties as udev records them (identity.properties), read once
+        until an event for the device."""
+        found = self._properties.get(key)
+        if found is None:
+            found = identity.properties(self.sys_root, self.udev, key[0], key[1:])
+            self._properties[key] = found
+        return found
+
+    def block_facts(self, key: Key) -> BlockFacts | None:
+        """A block device's size, vendor and model (DRA publishes them)."""
+        if key[0] != "b":
+            return None
+        if key not in self._block_facts:
+            self._block_facts[key] = identity.block_facts(self.sys_root, key[1:])
+        return self._block_facts[key]
+
+    def with_identity(self, value: tuple[str, str]) -> tuple[Key, ...]:
+        return tuple(sorted(self._by_identity.get(value, ())))
+
+    # --- looking ----------------------------------------------------------------
+
+    def look(self, paths: Iterable[str]) -> Changes:
+        """Look at these paths now, on this thread: what each names, and the
+        facts of each device newly named."""
+        self._gen += 1
+        found = {}
+        dirs: Dirs = {}
+        for path in paths:
+            device = probe(self.dev_root, path, dirs)
+            found[path] = device.key if device is not None else None
+        return self._merge(found, None)
+
+    async def survey(self, paths: Iterable[str]) -> Changes:
+        """Look at many paths, in a worker thread, and adopt what was found.
+        A path or device that changed meanwhile (an event) keeps what the
+        later look found."""
+        paths = list(paths)
+        plan = self.survey_plan()
+        self._surveys += 1
+        try:
+            found = await trio.to_thread.run_sync(plan.survey, paths)
+            return self.adopt(found, since=plan.gen)
+        finally:
+            self._surveys -= 1
+            if not self._surveys:
+                self._since.clear()
+
+    def survey_plan(self) -> SurveyPlan:
+        """What a survey in a worker thread needs, copied now."""
+        self._gen += 1
+        return SurveyPlan(
+            self._gen,
+            self.dev_root,
+            self.sys_root,
+            self.udev,
+            self.host,
+            {k: set(v) for k, v in self._by_identity.items()},
+            {k: f.identity for k, f in self._facts.items() if f.identity is not None},
+        )
+
+    def adopt(self, survey: Survey, *, since: int | None = None) -> Changes:
+        """A survey's findings, on the Trio thread; with `since` (its plan's
+        generation), less what changed after its plan was made."""
+        paths, facts = survey.paths, survey.facts
+        if since is not None and self._since:
+            paths = {p: k for p, k in paths.items() if self._since.get(p, 0) <= since}
+            facts = {k: f for k, f in facts.items() if self._since.get(k, 0) <= since}
+        if survey.tables is not None:
+            self._tables = survey.tables
+        return self._merge(paths, facts)
+
+    def _touch(self, item: object) -> None:
+        if self._surveys:
+            self._since[item] = self._gen
+
+    def _merge(self, found: dict[str, Key | None], facts: dict[Key, Facts] | None) -> Changes:
+        changes = Changes()
+        new_keys: set[Key] = set()
+        for path, key in found.items():
+            old = self._at.get(path)
+            if old == key:
+                continue
+            self._touch(path)
+            changes.paths.add(path)
+            if old is not None:
+                names = self._names.get(old)
+                if names is not None:
+                    names.discard(path)
+                    if not names:
+                        self._forget(old, changes)
+            if key is None:
+                self._at.pop(path, None)
+            else:
+                self._at[path] = key
+                names = self._names.setdefault(key, set())
+                if not names:
+                    new_keys.add(key)
+                names.add(path)
+        if facts is not None:
+            for key, fact in facts.items():
+                if key in self._names and self._facts.get(key) != fact:
+                    self._set_facts(key, fact, changes)
+        missing = {k for k in new_keys if k not in self._facts}
+        if missing:
+            observed = self._observe(missing, self._topology(), self._host_use())
+            for key, fact in observed.items():
+                self._set_facts(key, fact, changes)
+        return changes
+
+    def _forget(self, key: Key, changes: Changes) -> None:
+        """No look finds a name for the device any more."""
+        self._touch(key)
+        del self._names[key]
+        self._properties.pop(key, None)
+        self._block_facts.pop(key, None)
+        old = self._facts.pop(key, None)
+        if old is not None:
+            self._unlink(key, old, changes)
+        changes.keys.add(key)
+
+    def _set_facts(self, key: Key, facts: Facts, changes: Changes | None = None) -> None:
+        old = self._facts.get(key)
+        if old == facts:
+            return
+        self._touch(key)
+        if old is not None:
+            self._unlink(key, old, changes)
+        self._facts[key] = facts
+        if facts.identity is not None:
+            self._by_identity.setdefault(facts.identity, set()).add(key)
+        for other in facts.family.overlapping:
+            self._reverse.setdefault(other, set()).add(key)
+            if changes is not None and (old is None or other not in old.family.overlapping):
+                changes.keys.add(other)
+        for number in self._joins(key, facts):
+            self._joined.setdefault(number, set()).add(key)
+        if changes is not None:
+            changes.keys.add(key)
+
+    def _unlink(self, key: Key, old: Facts, changes: Changes | None) -> None:
+        if old.identity is not None:
+            same = self._by_identity.get(old.identity)
+            if same is not None:
+                same.discard(key)
+                if not same:
+                    del self._by_identity[old.identity]
+        for other in old.family.overlapping:
+            back = self._reverse.get(other)
+            if back is not None:
+                back.discard(key)
+                if not back:
+                    del self._reverse[other]
+            if changes is not None:
+                changes.keys.add(other)
+        for number in self._joins(key, old):
+            keys = self._joined.get(number)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._joined[number]
+
+    @staticmethod
+    def _joins(key: Key, facts: Facts) -> set[Number]:
+        """The block numbers whose change can change these facts."""
+        numbers = set(facts.host_group)
+        numbers.update(k[1:] for k in facts.family.overlapping if k[0] == "b")
+        if key[0] == "b":
+            numbers.add(key[1:])
+        return numbers
+
+    # --- events -------------------------------------------------------------------
+
+    def device_changed(self, kind: str, numbers: Iterable[Number | None]) -> Changes:
+        """Events for these devices: what sysfs says of them, and (block) of
+        every device joined to them, is read again. A block event without a
+        number reads every block device again."""
+        numbers = list(numbers)
+        changes = Changes()
+        if kind != "b":
+            keys = {(kind, *n) for n in numbers if n is not None}
+            for key in keys:
+                self._properties.pop(key, None)
+            keys = {k for k in keys if k in self._names}
+            # an alias came or went: its disk's family, seen from here
+            keys |= {o for k in keys for o in self.overlapping(k)}
+            return self._again(keys & self._names.keys(), changes)
+        if None in numbers:
+            keys = {k for k in self._names if k[0] == "b" or self._facts_of_alias(k)}
+        else:
+            topology = self._topology()
+            use = HostUse(topology, {})
+            keys = set()
+            for number in numbers:
+                assert number is not None
+                key = ("b", *number)
+                self._properties.pop(key, None)
+                self._block_facts.pop(key, None)
+                keys.add(key)
+                keys |= self._reverse.get(key, set())
+                keys |= self._joined.get(number, set())
+                for member in use.joined(number):  # a new partition joins its disk
+                    keys |= self._joined.get(member, set())
+                    keys.add(("b", *member))
+        return self._again(keys & self._names.keys(), changes)
+
+    def _facts_of_alias(self, key: Key) -> bool:
+        facts = self._facts.get(key)
+        return key[0] == "c" and facts is not None and bool(facts.family.same)
+
+    def host_tables_changed(self) -> Changes:
+        """The host mounted, unmounted or swapped: read its tables again and
+        look again at the devices joined to one whose use changed."""
+        if self.host is None:
+            return Changes()
+        old = self._tables
+        new = self.host.read(self.dev_root, self.sys_root)
+        self._tables = new
+        if old is None:
+            return self._again(set(self._names), Changes())
+        numbers = {
+            n
+            for n in old.direct.keys() | new.direct.keys()
+            if old.direct.get(n) != new.direct.get(n)
+        }
+        names = {
+            n
+            for n in old.journals.keys() | new.journals.keys()
+            if old.journals.get(n) != new.journals.get(n)
+        }
+        if names:
+            topology = self._topology()
+            numbers |= {number for n in names if (number := topology.number(n)) is not None}
+        keys: set[Key] = set()
+        for number in numbers:
+            keys |= self._joined.get(number, set())
+        return self._again(keys & self._names.keys(), Changes())
+
+    def _again(self, keys: set[Key], changes: Changes) -> Changes:
+        if not keys:
+            return changes
+        self._gen += 1
+        observed = self._observe(keys, self._topology(), self._host_use())
+        for key, fact in observed.items():
+            if self._facts.get(key) != fact:
+                self._set_facts(key, fact, changes)
+        return changes
+
+    # --- the facts ------------------------------------------------------------
+
+    def _topology(self) -> BlockTopology:
+        return BlockTopology(self.sys_root, self.dev_root)
+
+    def _host_use(self) -> HostTables | None:
+        if self.host is None:
+            return None
+        if self._tables is None:
+            self._tables = self.host.read(self.dev_root, self.sys_root)
+        return self._tables
+
+    def _observe(
+        self, keys: set[Key], topology: BlockTopology, tables: HostTables | None
+    ) -> dict[Key, Facts]:
+        return observe(
+            keys, topology, tables, self.sys_root, self.udev, self._by_identity, self._identity_of
+        )
+
+    def _identity_of(self, key: Key) -> tuple[str, str] | None:
+        facts = self._facts.get(key)
+        return facts.identity if facts is not None else None
+
+
+@dataclass
+class SurveyPlan:
+    """A copy of what a survey reads of the table, made on the Trio thread."""
+
+    gen: int
+    dev_root: Path
+    sys_root: Path
+    udev: UdevDatabase | None
+    host: HostFiles | None
+    by_identity: dict[tuple[str, str], set[Key]]
+    identities: dict[Key, tuple[str, str]]
+
+    def survey(self, paths: Iterable[str]) -> Survey:
+        """In a worker thread: what each path names, and the facts of every
+        device found (the host's tables read afresh)."""
+        found: dict[str, Key | None] = {}
+        dirs: Dirs = {}
+        for path in paths:
+            if path in found:
+                continue
+            device = probe(self.dev_root, path, dirs)
+            found[path] = device.key if device is not None else None
+        tables = self.host.read(self.dev_root, self.sys_root) if self.host is not None else None
+        keys = {k for k in found.values() if k is not None}
+        facts = observe(
+            keys,
+            BlockTopology(self.sys_root, self.dev_root),
+            tables,
+            self.sys_root,
+            self.udev,
+            self.by_identity,
+            self.identities.get,
+        )
+        return Survey(found, facts, tables)
+
+
+def observe(
+    keys: set[Key],
+    topology: BlockTopology,
+    tables: HostTables | None,
+    sys_root: Path,
+    udev: UdevDatabase | None,
+    by_identity: Mapping[tuple[str, str], set[Key]],
+    identity_of: Callable[[Key], tuple[str, str] | None],
+) -> dict[Key, Facts]:
+    """The facts of these devices, from one topology and one reading of the
+    host's tables (None: host use not looked at). `by_identity` and
+    `identity_of` say what other devices are known to be; the identities
+    of these are read first, so that devices looked at together find each
+    other by identity."""
+    identities: dict[Key, tuple[str, str] | None] = {}
+    batch: dict[tuple[str, str], set[Key]] = {}
+    for key in keys:
+        found = identity.identity(sys_root, udev, key[0], key[1:]) if key[0] == "b" else None
+        identities[key] = found
+        if found is not None:
+            batch.setdefault(found, set()).add(key)
+
+    def same_identity(key: Key) -> Iterable[Key]:
+        value = identities[key] if key in identities else identity_of(key)
+        if value is None:
+            return ()
+        known = {k for k in by_identity.get(value, ()) if k not in identities}
+        return known | batch.get(value, set())
+
+    use = HostUse(topology, tables.direct, tables.journals) if tables is not None else None
+    result = {}
+    for key in keys:
+        kind, number = key[0], (key[1], key[2])
+        whole_disk, has_partitions = topology.place(number) if kind == "b" else (None, False)
+        result[key] = Facts(
+            kernel_name=identity.kernel_name(sys_root, kind, number),
+            identity=identities[key],
+            numa=identity.numa_node(sys_root, kind, number),
+            whole_disk=whole_disk,
+            has_partitions=has_partitions,
+            literal_only=special.by_number(kind, *number, sys_root),
+            host_use=use.reason_of(key) if use is not None else None,
+            family=family(topology, key, same_identity),
+            host_group=use.group_of(key) if use is not None else frozenset(),
+        )
+    return result
