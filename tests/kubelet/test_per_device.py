@@ -27,7 +27,8 @@ def host_like(tmp_path: Path, numa: dict[str, int]) -> tuple[Path, Path]:
     (dev / "lun").mkdir()
     for name in TARGETS:
         (dev / "lun" / name).symlink_to(f"/dev/{name}")
-    (dev / "acc" / "x").symlink_to("/dev/tty")  # 5:0: a device of its own
+    # 5:0, a device of its own; a terminal, so named exactly (a glob never reaches one)
+    (dev / "acc" / "x").symlink_to("/dev/tty")
     (sys / "dev" / "char").mkdir(parents=True)
     for name, (major, minor) in TARGETS.items():
         pci = sys / "devices" / "pci0000:00" / f"0000:00:0{minor}.0"
@@ -49,7 +50,7 @@ def two_resources(tmp_path: Path) -> Path:
                 "include-devices": ["/dev/lun/*"],
                 "allocation": "each",
             },
-            {"name": "power-dev-plugin/acc", "include-devices": ["/dev/acc/*"], "upper-limit": 2},
+            {"name": "power-dev-plugin/acc", "include-devices": ["/dev/acc/x"], "upper-limit": 2},
         ],
     )
 
