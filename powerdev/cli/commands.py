@@ -185,7 +185,7 @@ def local(args: argparse.Namespace) -> int:
 def scan(args: argparse.Namespace) -> int:
     """`powerdev scan`: the config checked as `run` checks it, every warning
     `run` would give at start, then the report. Exit 0, or 2 for a bad config."""
-    from powerdev.devices.inuse import HostUseGuard
+    from powerdev.devices.table import HostFiles
     from powerdev.ops import scan as scanning
 
     udev = Pyudev()
@@ -193,8 +193,8 @@ def scan(args: argparse.Namespace) -> int:
         config = load_checked(args, udev, args.plugin_dir)
     except ConfigError as err:
         return _say("bad config", err, BAD_CONFIG)
-    guard = HostUseGuard(args.dev_root, args.sys_root, args.host_mountinfo, Path("/proc/swaps"))
-    reports = scanning.scan(config, args.dev_root, args.sys_root, udev, guard)
+    host = HostFiles(args.host_mountinfo, Path("/proc/swaps"))
+    reports = scanning.scan(config, args.dev_root, args.sys_root, udev, host)
     for warning in scanning.warnings(config, reports, args.dev_root, args.sys_root):
         print(f"powerdev: warning: {warning}", file=sys.stderr)
     print(scanning.as_json(reports) if args.json else scanning.as_text(reports))

@@ -216,8 +216,6 @@ class DraDriver:
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep(backoff.next())
-        assert self._claims is not None
-        self._claims.tell(plugin)  # "both": what claims hold, withheld from Allocate
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
         self._pools[plugin.resource.name] = pool
         self._report(plugin.resource.name)

@@ -24,7 +24,7 @@ import trio
 
 from powerdev.config import Config, ResourceConfig
 from powerdev.daemon.dra import DraDriver
-from powerdev.daemon.pods import PodsHold
+from powerdev.daemon.pods import PodsHold, hold_at_start
 from powerdev.daemon.registrar import serve_resource
 from powerdev.daemon.reload import Reloader
 from powerdev.daemon.settings import Settings
@@ -32,16 +32,16 @@ from powerdev.daemon.specs import SpecWriters
 from powerdev.devices.dirwatch import DirEvents, watch_levels
 from powerdev.devices.discovery import NX_GZIP
 from powerdev.devices.events import DeviceEvent
-from powerdev.devices.hostuse_events import HostUseEvents
-from powerdev.devices.inuse import HostUseGuard
+from powerdev.devices.hostuse_events import HOST_USE, HostUseEvents
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.table import Changes, DeviceTable, HostFiles
 from powerdev.devices.uevents import RESCAN, NetlinkEvents, choose_source
 from powerdev.ops import metrics, oplog, opsserver
 from powerdev.ops.status import StatusFile
 from powerdev.resources.matching import start_warnings, why_nothing
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
-from powerdev.resources.tracker import Tracker
+from powerdev.resources.tracker import Tracker, apply_events
 from powerdev.rpc import asyncio_door
 from powerdev.support.inotify import Inotify
 
@@ -58,10 +58,13 @@ class EventSource(Protocol):
 
 
 _device_log = oplog.DeviceLog()
+_logged: dict[int, int] = {}  # id of a plugin -> the inventory version last logged
 
 
 def _log_devices(plugin: Plugin) -> None:
-    devices = plugin.inventory.current.devices
+    snapshot = plugin.inventory.current
+    _logged[id(plugin)] = snapshot.version
+    devices = snapshot.devices
     change = _device_log.change(plugin.resource.name, devices)
     if not devices:
         assert plugin.tracker is not None
@@ -147,11 +150,14 @@ async def run(
                 await nursery.start(
                     opsserver.serve, settings.metrics_socket, running.plugins, running.status
                 )
-            # Before any device event is applied: what pods hold now is owned.
-            await running.pods.seed(running.plugins, running.ledger)
+            # Before any device event is applied: what is listed now counts as
+            # held until the kubelet says what pods hold (it is asked at once;
+            # with no PodResources socket configured there is no one to ask).
+            if running.pods.socket is not None:
+                hold_at_start(running.plugins, running.ledger)
             await running.dra.resume()  # and what claims hold, before any Allocate
             for source in sources:
-                nursery.start_soon(_follow, source, running.plugins, nursery)
+                nursery.start_soon(_follow, source, running, nursery)
             nursery.start_soon(
                 running.ledger.follow_pods, running.pods.held_ids, settings.cdi_recheck_interval
             )
@@ -191,7 +197,14 @@ class Running:
             settings.cdi_spec_dir, self.pods.held_ids, settings.cdi_recheck_interval, nursery
         )
         self._applied = trio.Event()
-        self.ledger = Ledger()  # one device, one holder, across the resources and APIs
+        # the node's devices, and one holder for each, across the resources and APIs
+        self.table = DeviceTable(
+            settings.dev_root,
+            settings.sys_root,
+            udev=settings.udev,
+            host=HostFiles(settings.mountinfo, SWAPS),
+        )
+        self.ledger = Ledger(self.table)
         self.dra = DraDriver(
             settings.dra,
             settings.cdi_spec_dir,
@@ -211,9 +224,9 @@ class Running:
             inventory,
             settings.dev_root,
             settings.sys_root,
-            guard=HostUseGuard(settings.dev_root, settings.sys_root, settings.mountinfo, SWAPS),
-            udev=settings.udev,
+            table=self.table,
             ledger=self.ledger,
+            on_survey=partial(self._others_follow, resource.name),
         )
         spec = self.specs.writer(resource.name)
         plugin = Plugin(resource, inventory, tracker, refresh=self.refresh, spec=spec)
@@ -235,6 +248,13 @@ class Running:
         if not plugin.inventory.current.devices:
             _log_devices(plugin)
         return plugin
+
+    def _others_follow(self, name: str, changes: Changes) -> None:
+        """A survey for one resource changed the table: the others follow."""
+        for plugin in list(self.plugins):
+            if plugin.resource.name != name and plugin.tracker is not None:
+                if plugin.tracker.follow(changes):
+                    _log_devices(plugin)
 
     async def start(self, plugin: Plugin, *, wait: bool) -> None:
         """Serve and register it; with wait, return once it is serving.
@@ -262,7 +282,8 @@ class Running:
     def _drop(self, plugin: Plugin, *, coming_back: bool) -> None:
         name = plugin.resource.name
         self.plugins.remove(plugin)
-        self.ledger.detach(name)
+        assert plugin.tracker is not None
+        plugin.tracker.detach()  # a rescan of it still running publishes nothing
         scope = self._scopes.pop(name, None)
         if scope is not None:
             scope.cancel()
@@ -307,10 +328,6 @@ class Running:
         with scope:
             async with trio.open_nursery() as resource:
                 resource.start_soon(_rescan_every, plugin, lambda: self._applied)
-                if plugin.resource.both:  # one holder across the two APIs
-                    resource.start_soon(
-                        self.pods.follow_both, plugin, self.settings.cdi_recheck_interval
-                    )
                 if plugin.resource.dra:  # ResourceSlices and claims
                     await resource.start(self.dra.publish, plugin)
                 if plugin.resource.device_plugin:  # its socket and registration
@@ -347,23 +364,35 @@ def _open_netlink(wanted: str, stack: contextlib.ExitStack) -> list[EventSource]
     return [source]
 
 
-def _apply(batch: list[DeviceEvent] | str, plugins: list[Plugin], nursery: trio.Nursery) -> None:
-    """Apply one batch to every resource; a RESCAN batch starts rescans."""
-    for plugin in plugins:
-        assert plugin.tracker is not None
-        if batch == RESCAN:
+def _apply(batch: list[DeviceEvent] | str, running: Running, nursery: trio.Nursery) -> None:
+    """Apply one batch to the node's device table once, then to every
+    resource; a RESCAN batch starts rescans, a HOST_USE one reads the host's
+    tables again."""
+    plugins = list(running.plugins)
+    trackers = [p.tracker for p in plugins if p.tracker is not None]
+    if batch == RESCAN:
+        for plugin in plugins:
             metrics.rescan(plugin.resource.name, "event")
             nursery.start_soon(scan, plugin)
-        elif plugin.tracker.apply(batch):  # type: ignore[arg-type]
+        return
+    if batch == HOST_USE:
+        changes = running.table.host_tables_changed()
+    else:
+        changes = apply_events(running.table, batch, trackers)  # type: ignore[arg-type]
+    for tracker in trackers:
+        tracker.follow(changes)
+    running.ledger.settle()
+    for plugin in plugins:  # whatever changed it: the events, or the ledger's rulings
+        if plugin.inventory.current.version != _logged.get(id(plugin)):
             _log_devices(plugin)
 
 
-async def _follow(events: EventSource, plugins: list[Plugin], nursery: trio.Nursery) -> None:
-    """Apply each batch of device events to every resource, at once."""
+async def _follow(events: EventSource, running: Running, nursery: trio.Nursery) -> None:
+    """Apply each batch of device events to the node, at once."""
     while True:
         batch = await events.next_batch()
         metrics.events_received(events.source, batch)
-        _apply(batch, plugins, nursery)
+        _apply(batch, running, nursery)
 
 
 async def _rescan_every(plugin: Plugin, applied: Callable[[], trio.Event]) -> None:

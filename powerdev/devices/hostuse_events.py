@@ -8,12 +8,13 @@ worker thread blocks in poll(2) for POLLPRI on them (plus a pipe that ends
 the wait on the way out): no timer, and an idle daemon uses no CPU. (An
 epoll set of our own, waited on by Trio, was tried first: nested epoll may
 drop a wake-up that arrives while the outer epoll looks at the inner one,
-and a test caught it.) A wake-up becomes a rescan only when the set of block
-devices mounted or swapped on, or the set of active swap files, changed, so
-the mounts of every starting pod (overlay, tmpfs, binds of the same disks)
-cost one small read and no more.
+and a test caught it.) A wake-up becomes a look at the host only when the
+set of block devices mounted or swapped on, or the set of active swap
+files, changed, so the mounts of every starting pod (overlay, tmpfs, binds
+of the same disks) cost one small read and no more; and that look reads
+again only the devices joined to one whose use changed.
 
-One timer, for one case. While a swap file is active the guard also counts
+One timer, for one case. While a swap file is active the host-use rule counts
 every filesystem sysfs shows alive (/sys/fs/<type>/<device>), since a swap
 file keeps its filesystem alive after a lazy unmount, where no mount table
 shows it. But an ordinary unmount also leaves the filesystem alive for a
@@ -46,15 +47,16 @@ from powerdev.devices.inuse import (
     swap_files,
     swapping,
 )
-from powerdev.devices.uevents import RESCAN
 
 log = logging.getLogger(__name__)
+HOST_USE = "host use"  # next_batch() result: the host's mounts or swap changed
 SETTLE = (1.0, 64.0)  # the first and the longest wait while a filesystem lingers
 
 
 class HostUseEvents:
     """Use as a context manager; next_batch() like the netlink source, but it
-    only ever returns RESCAN: the guard then looks at every device again."""
+    only ever returns HOST_USE: the device table then reads the host's
+    tables again and looks again at the devices joined to a changed use."""
 
     source = "host_use"
 
@@ -158,7 +160,7 @@ class HostUseEvents:
         return []
 
     async def next_batch(self) -> list[DeviceEvent] | str:
-        """RESCAN once the devices mounted or swapped on have changed."""
+        """HOST_USE once the devices mounted or swapped on have changed."""
         if not self._fds:
             await trio.sleep_forever()
         while True:
@@ -173,5 +175,5 @@ class HostUseEvents:
                 self._step = min(self._step * 2, self._settle[1])
             if now != self.used:
                 self.used = now
-                log.info("the host mounted, unmounted or swapped a device: rescanning")
-                return RESCAN
+                log.info("the host mounted, unmounted or swapped a device: looking again")
+                return HOST_USE

@@ -26,8 +26,9 @@ the NVMe generic /dev/ng*n*, an NVMe controller's /dev/nvme*) is host-used
 when a disk it reaches is.
 
 Each answer carries the reason, one chain of the relations above ("on the
-same disk as sda2, which is mounted at /boot"). The tracker and `powerdev
-scan` both ask HostUse.reason(), so the log and the scan say the same.
+same disk as sda2, which is mounted at /boot"). The device table
+(table.py) keeps each device's answer, which the one verdict reads, so the
+daemon's log and `powerdev scan` say the same.
 
 Everything is a plain function of a mountinfo text, a /proc/swaps text, the
 /proc/fs/jbd2 names and a sysfs tree, whose paths are arguments. One look
@@ -46,7 +47,7 @@ import re
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -720,138 +721,3 @@ def direct_use(
                 f"under a live {fs_type} filesystem missing from the mount table, {while_swap}",
             )
     return found
-
-
-class HostUseGuard:
-    """Screens what a resource would list against what the host is using.
-
-    - a device in use that was not listed is left out (logged once, with why);
-    - a listed device that the host starts using stays listed, Unhealthy, so
-      it is granted no more; it is Healthy again when the host lets go of it;
-    - `allow=True` (a resource that explicitly allows host-used devices)
-      turns the screen off.
-    """
-
-    def __init__(
-        self,
-        dev_root: Path,
-        sys_root: Path,
-        mountinfo: Path | None,
-        swaps: Path | None,
-        *,
-        jbd2: Path | None = None,
-    ) -> None:
-        self.dev_root = dev_root
-        self.sys_root = sys_root
-        self.mountinfo = mountinfo
-        self.swaps = swaps
-        # /proc/fs/jbd2 beside /proc/swaps unless told (not namespaced either)
-        self.jbd2 = jbd2 if jbd2 is not None or swaps is None else swaps.parent / "fs" / "jbd2"
-        self.left_out: dict[str, str] = {}  # host path -> why, for devices kept out
-        self.aliases: set[str] = set()  # listed character aliases of disks
-        # What each judged device was joined to when last judged, and the
-        # other way round: a block event looks again at these alone.
-        self._group_of: dict[str, frozenset[Number]] = {}  # host path -> its group
-        self._joined: dict[Number, set[str]] = {}  # block device -> paths grouped with it
-
-    def survey(self) -> HostUse:
-        """One look at the host: read the tables now, sysfs as asked."""
-        table = read_text(self.mountinfo) if self.mountinfo is not None else None
-        direct = direct_use(table, read_text(self.swaps), self.dev_root, self.sys_root)
-        topology = BlockTopology(self.sys_root, self.dev_root)
-        journals = {
-            name: "the external journal (jbd2) of a mounted filesystem"
-            for name in journal_entries(self.jbd2)
-        }  # the entries that are no device's name are looked up and ignored
-        return HostUse(topology, direct, journals)
-
-    def screen(
-        self, devices: Iterable[Device], listed: Mapping[str, Device], *, allow: bool
-    ) -> list[Device]:
-        """A rescan's devices, screened. `listed` is what was advertised before."""
-        changes = self.screen_changes({d.path: d for d in devices}, listed, allow=allow)
-        return [d for d in changes.values() if d is not None]
-
-    def screen_changes(
-        self, changes: Mapping[str, Device | None], listed: Mapping[str, Device], *, allow: bool
-    ) -> dict[str, Device | None]:
-        """Re-probed devices (path -> device, None if gone), screened."""
-        screened = dict(changes)
-        if allow:
-            self._forget(self.left_out)
-            return screened
-        use = self.survey()
-        back = []
-        for path, device in changes.items():
-            self._remember(path, use.group(device) if device is not None else frozenset())
-            why = use.reason(device) if device is not None else None
-            if device is not None and use.is_alias(device):
-                self.aliases.add(path)
-            else:
-                self.aliases.discard(path)
-            if device is None or why is None:
-                if self.left_out.pop(path, None) is not None and device is not None:
-                    back.append(path)
-                continue
-            if path in listed:
-                screened[path] = replace(device, healthy=False)
-                if listed[path].healthy:
-                    log.warning("%s is now used by the host (%s): Unhealthy", path, why)
-            else:
-                screened[path] = None
-                if self.left_out.get(path) != why:
-                    log.warning("%s left out: the host uses it (%s)", path, why)
-                self.left_out[path] = why
-        for path in back:
-            log.info("%s is no longer used by the host: listed again", path)
-        return screened
-
-    def _forget(self, paths: Iterable[str]) -> None:
-        for path in list(paths):
-            self.left_out.pop(path, None)
-
-    def _remember(self, path: str, group: frozenset[Number]) -> None:
-        old = self._group_of.pop(path, frozenset())
-        for number in old - group:
-            paths = self._joined.get(number)
-            if paths is not None:
-                paths.discard(path)
-                if not paths:
-                    del self._joined[number]
-        if group:
-            self._group_of[path] = group
-            for number in group - old:
-                self._joined.setdefault(number, set()).add(path)
-
-    def touched(self, numbers: Iterable[Number]) -> set[str]:
-        """The paths whose answer block events on these devices may change:
-        those judged with one of them in their group, and every device in
-        the groups they are in now (a new partition joins its disk)."""
-        use = HostUse(BlockTopology(self.sys_root, self.dev_root), {})
-        found: set[str] = set()
-        for number in numbers:
-            for member in use.joined(number):
-                found.update(self._joined.get(member, ()))
-        return found
-
-
-def recheck_paths(
-    guard: HostUseGuard | None,
-    listed: Mapping[str, Device],
-    events: Iterable[tuple[str, Number | None]],
-) -> set[str]:
-    """Paths to probe again after device events (subsystem, number): when a
-    block device came, went or changed, holders and partitions may have
-    changed, for the devices joined to it and no others: those the last
-    screening grouped with it, and those grouped with it now. A block event
-    without a number (inotify on a directory) looks at every listed block
-    device, listed disk alias and device left out for host use."""
-    if guard is None:
-        return set()
-    numbers = [number for subsystem, number in events if subsystem == "block"]
-    if not numbers:
-        return set()
-    if None in numbers:
-        again = {p for p, d in listed.items() if d.kind == "b" or p in guard.aliases}
-        return again | set(guard.left_out)
-    return guard.touched(n for n in numbers if n is not None)

@@ -166,44 +166,38 @@ class DeviceTable:
         return list(self._names)
 
     def facts(self, key: Key) -> Facts:
+        """What sysfs and the host say of the device (kept while a look names it)."""
         found = self._facts.get(key)
         if found is None:
             found = self._observe({key}, self._topology(), self._host_use())[key]
-            self._set_facts(key, found)
+            if key in self._names:
+                self._set_facts(key, found)
         return found
 
     def overlapping(self, key: Key) -> frozenset[Key]:
         """Every device that shares a block with this one, either side's
         knowledge counted (an alias knows its disk; the disk learns it here)."""
-        facts = self._facts.get(key)
-        mine = facts.family.overlapping if facts is not None else frozenset()
-        return mine | self._reverse.get(key, set())
+        mine = self.facts(key).family.overlapping
+        back = self._reverse.get(key)
+        return mine | back if back else mine
 
     def relation(self, key: Key, other: Key) -> str:
-        """How `other` overlaps `key`, in words that complete "lists ...":
-        "its whole disk", "its partition", "what it lies on", "what lies on
-        it", "the same storage"."""
-        mine = self._facts.get(key)
-        theirs = self._facts.get(other)
+        """How `other` overlaps `key`: "it" (the same device), "disk" (its
+        whole disk), "partition" (one of its partitions), "below" (what it
+        lies on), "above" (what lies on it) or "same" (the same storage
+        under other numbers)."""
         if other == key:
             return "it"
-        if mine is not None and mine.whole_disk is not None and other[0] == "b":
-            if other[1:] == mine.whole_disk:
-                return "its whole disk"
-        if theirs is not None and theirs.whole_disk is not None and key[0] == "b":
-            if theirs.whole_disk == key[1:]:
-                return "its partition"
-        if mine is not None:
-            if other in mine.family.below:
-                return "what it lies on,"
-            if other in mine.family.above:
-                return "what lies on it,"
-        if theirs is not None:
-            if key in theirs.family.below:
-                return "what lies on it,"
-            if key in theirs.family.above:
-                return "what it lies on,"
-        return "the same storage as"
+        mine, theirs = self.facts(key), self.facts(other)
+        if other[0] == "b" and mine.whole_disk == other[1:]:
+            return "disk"
+        if key[0] == "b" and theirs.whole_disk == key[1:]:
+            return "partition"
+        if other in mine.family.below or key in theirs.family.above:
+            return "below"
+        if other in mine.family.above or key in theirs.family.below:
+            return "above"
+        return "same"
 
     def properties(self, key: Key) -> dict[str, str]:
         """Its properties as udev records them (identity.properties), read once
@@ -275,7 +269,12 @@ class DeviceTable:
             facts = {k: f for k, f in facts.items() if self._since.get(k, 0) <= since}
         if survey.tables is not None:
             self._tables = survey.tables
-        return self._merge(paths, facts)
+        for key in facts:  # a full look reads udev's view again too
+            self._properties.pop(key, None)
+            self._block_facts.pop(key, None)
+        changes = self._merge(paths, facts)
+        changes.keys.update(k for k in facts if k in self._names)
+        return changes
 
     def _touch(self, item: object) -> None:
         if self._surveys:
@@ -331,21 +330,22 @@ class DeviceTable:
         if old == facts:
             return
         self._touch(key)
+        before = old.family.overlapping if old is not None else frozenset()
         if old is not None:
-            self._unlink(key, old, changes)
+            self._unlink(key, old)
         self._facts[key] = facts
         if facts.identity is not None:
             self._by_identity.setdefault(facts.identity, set()).add(key)
         for other in facts.family.overlapping:
             self._reverse.setdefault(other, set()).add(key)
-            if changes is not None and (old is None or other not in old.family.overlapping):
-                changes.keys.add(other)
         for number in self._joins(key, facts):
             self._joined.setdefault(number, set()).add(key)
         if changes is not None:
             changes.keys.add(key)
+            # the devices that joined or left its family see it from their side
+            changes.keys.update(k for k in before ^ facts.family.overlapping if k in self._names)
 
-    def _unlink(self, key: Key, old: Facts, changes: Changes | None) -> None:
+    def _unlink(self, key: Key, old: Facts, changes: Changes | None = None) -> None:
         if old.identity is not None:
             same = self._by_identity.get(old.identity)
             if same is not None:
@@ -358,7 +358,7 @@ class DeviceTable:
                 back.discard(key)
                 if not back:
                     del self._reverse[other]
-            if changes is not None:
+            if changes is not None and other in self._names:
                 changes.keys.add(other)
         for number in self._joins(key, old):
             keys = self._joined.get(number)
@@ -378,6 +378,19 @@ class DeviceTable:
 
     # --- events -------------------------------------------------------------------
 
+    def touched(self, numbers: Iterable[Number]) -> Changes:
+        """Events named these devices: what udev says of them (properties)
+        is read again when next asked, and they count as changed, of
+        either kind (an event's subsystem does not always say which)."""
+        changes = Changes()
+        for number in numbers:
+            for kind in "bc":
+                key = (kind, *number)
+                self._properties.pop(key, None)
+                if key in self._names:
+                    changes.keys.add(key)
+        return changes
+
     def device_changed(self, kind: str, numbers: Iterable[Number | None]) -> Changes:
         """Events for these devices: what sysfs says of them, and (block) of
         every device joined to them, is read again. A block event without a
@@ -395,21 +408,28 @@ class DeviceTable:
         if None in numbers:
             keys = {k for k in self._names if k[0] == "b" or self._facts_of_alias(k)}
         else:
-            topology = self._topology()
-            use = HostUse(topology, {})
-            keys = set()
             for number in numbers:
                 assert number is not None
-                key = ("b", *number)
-                self._properties.pop(key, None)
-                self._block_facts.pop(key, None)
-                keys.add(key)
-                keys |= self._reverse.get(key, set())
-                keys |= self._joined.get(number, set())
-                for member in use.joined(number):  # a new partition joins its disk
-                    keys |= self._joined.get(member, set())
-                    keys.add(("b", *member))
-        return self._again(keys & self._names.keys(), changes)
+                self._properties.pop(("b", *number), None)
+                self._block_facts.pop(("b", *number), None)
+            keys = self.joined_to([n for n in numbers if n is not None])
+        return self._again(keys, changes)
+
+    def joined_to(self, numbers: Iterable[Number]) -> set[Key]:
+        """The devices a block event on these devices reads again: those
+        whose facts last named one of them, and those joined to one now (a
+        new partition joins its disk, a new holder what is under it)."""
+        use = HostUse(self._topology(), {})
+        keys: set[Key] = set()
+        for number in numbers:
+            key = ("b", *number)
+            keys.add(key)
+            keys |= self._reverse.get(key, set())
+            keys |= self._joined.get(number, set())
+            for member in use.joined(number):
+                keys |= self._joined.get(member, set())
+                keys.add(("b", *member))
+        return keys & self._names.keys()
 
     def _facts_of_alias(self, key: Key) -> bool:
         facts = self._facts.get(key)

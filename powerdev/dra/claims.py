@@ -14,12 +14,13 @@ a spec that is gone (after a reboot /var/run/cdi is empty, while the
 kubelet still hands the claim's CDI IDs to containers from its own
 checkpoint): every spec in the checkpoint is rewritten at start.
 
-With "api": "both", a device that pods hold through the device plugin API
-is not prepared (a per-claim error; the kubelet tries again), and every
-resource is told which of its units claims hold (Plugin.claimed), so that
-its device plugin side withholds them. The node-wide ledger is told too
-(resources/ownership.py): a device a claim holds stays Unhealthy under any
-resource that lists it through the device plugin API, until unprepared.
+Every claim is a holder in the node-wide ledger (resources/ownership.py),
+which prepare asks first: a device whose family has another holder (another
+claim, a pod through the device plugin API, a prepared disk under a
+partition) is not prepared (a per-claim error; the kubelet tries again),
+and a device a claim holds stays Unhealthy under any other holder (the
+device plugin side of an "api": "both" resource included) until the claim
+is unprepared.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
-from powerdev.resources.ownership import Ledger
+from powerdev.resources.ownership import DRA, Ledger
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class Claims:
             self._held = {}
         for uid, held in self._held.items():
             try:
-                self._tell_ledger(held, prepared=True)
+                self._tell_ledger(uid, held, prepared=True)
                 self._ensure_spec(uid, held)
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning(
@@ -140,8 +141,7 @@ class Claims:
                     del self._held[claim.uid]
                     self.spec_path(claim.uid).unlink(missing_ok=True)
                     raise
-                self._tell_ledger(held, prepared=True)
-                self._tell_plugins()
+                self._tell_ledger(claim.uid, held, prepared=True)
             else:
                 self._ensure_spec(claim.uid, held)
             return [
@@ -155,8 +155,7 @@ class Claims:
             self.spec_path(claim.uid).unlink(missing_ok=True)
             held = self._held.pop(claim.uid, None)
             if held is not None:
-                self._tell_ledger(held, prepared=False)
-                self._tell_plugins()
+                self._tell_ledger(claim.uid, held, prepared=False)
                 self._save()
         if not lock.locked() and not lock.statistics().tasks_waiting:
             self._locks.pop(claim.uid, None)  # nobody holds or waits for it
@@ -203,12 +202,11 @@ class Claims:
                     f"{where}: device {result['device']} of pool {result['pool']} {found}"
                 )
             unit_id, names = found
-            other = self._holder_of(plugin.resource.name, unit_id)
-            if other is not None:
+            why = self._blocked(plugin, unit_id, names, ref.uid)
+            if why is not None:
                 raise PrepareError(
-                    f"{where}: device {result['device']} of pool {result['pool']} is still "
-                    f"prepared for ResourceClaim {other}: it is prepared here once that "
-                    "claim is unprepared (its pod's containers may still use it)"
+                    f"{where}: device {result['device']} of pool {result['pool']} {why}; "
+                    "it is prepared once that holder lets go"
                 )
             cdi_name = f"{ref.uid}-{result['device']}"
             spec_devices.append(
@@ -239,38 +237,42 @@ class Claims:
         self._write_spec(ref.uid, held)
         return held
 
-    def _holder_of(self, resource: str, unit: str) -> str | None:
-        """The prepared claim that holds this unit of the resource, if any."""
-        for held in self._held.values():
-            for d in held["devices"]:
-                if d.get("resource") == resource and d.get("unit") == unit:
-                    return f"{held['namespace']}/{held['name']}"
+    def _blocked(self, plugin: Plugin, unit: str, names: list[Device], uid: str) -> str | None:
+        """Why the node-wide ledger keeps this device from the claim: another
+        claim, a pod through the device plugin API, or a holder of its family
+        (a partition of a prepared disk, a disk's alias); None if free."""
+        if self.ledger is None:
+            return None
+        for device in names:
+            blocked = self.ledger.blocking(device.key, plugin.resource, unit, claim=uid)
+            if blocked is not None:
+                kin, holder = blocked
+                if holder.api == DRA and holder.claim is not None:
+                    other = self._claim_name(holder.claim)
+                    what = "it" if kin == device.key else self.ledger.name_of(kin)
+                    return (
+                        f"is held: {what} is still prepared for ResourceClaim {other} (its "
+                        "pod's containers may still use it)"
+                    )
+                return f"is held: {self.ledger.why_held(device.key, kin, holder)}"
         return None
 
-    def tell(self, plugin: Plugin) -> None:
-        """Tell a resource which of its units claims hold (at its start too)."""
-        pool = pool_name(self.node, plugin.resource.name)
-        plugin.claimed(
-            d["unit"]
-            for held in self._held.values()
-            for d in held["devices"]
-            if d["pool"] == pool and "unit" in d
-        )
+    def _claim_name(self, uid: str) -> str:
+        held = self._held.get(uid)
+        return f"{held['namespace']}/{held['name']}" if held is not None else uid
 
-    def _tell_ledger(self, held: dict[str, Any], *, prepared: bool) -> None:
+    def _tell_ledger(self, uid: str, held: dict[str, Any], *, prepared: bool) -> None:
         if self.ledger is None:
+            return
+        if not prepared:
+            self.ledger.unclaimed(uid)
             return
         for d in held["devices"]:
             if "unit" in d:
                 keys = [(kind, major, minor) for kind, major, minor in d["keys"]]  # JSON: lists
-                if prepared:
-                    self.ledger.claimed(d["resource"], d["unit"], keys)
-                else:
-                    self.ledger.unclaimed(d["resource"], d["unit"], keys)
-
-    def _tell_plugins(self) -> None:
-        for plugin in self.plugins():
-            self.tell(plugin)
+                self.ledger.claimed(
+                    d["resource"], d["unit"], keys, uid, admin=d.get("admin", False)
+                )
 
     def _ensure_spec(self, uid: str, held: dict[str, Any]) -> None:
         if not self.spec_path(uid).exists():

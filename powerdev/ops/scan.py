@@ -1,34 +1,41 @@
 """`powerdev scan`: what each resource of a config would advertise on this
-host, and every candidate left out with the reason. It reads the config and
-the host's /dev and /sys; it needs no kubelet and changes nothing.
+host, each device's family, and every candidate left out with the reason.
+It reads the config and the host's /dev and /sys; it needs no kubelet and
+changes nothing.
 
-The same functions the daemon uses decide (patterns, probe, control nodes,
-udev properties, identities, the host-use guard); this module only asks
-them one at a time, so it can say which one said no. Host use is one look
-at the host for the whole scan (HostUseGuard.survey), asked per device as
-the daemon's screen asks it, so the reasons are the ones the daemon logs.
+It asks what the daemon asks, of one look at the host: the node's device
+table (devices/table.py: names, identities, families, host use, read once
+for the whole scan) and the one verdict (resources/verdict.py), with a
+ledger of the listings of the resources before (one device, one
+resource). Only the reasons the verdict cannot give (a pattern that
+excludes the name, a name that is not a device node, properties that do
+not match) are said here, before it is asked.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from powerdev.config import Config, ResourceConfig
-from powerdev.devices import gomatch, identity
-from powerdev.devices.discovery import control_allowed, probe
-from powerdev.devices.inuse import HostUse, HostUseGuard
+from powerdev.devices import gomatch
+from powerdev.devices.family import Key
 from powerdev.devices.model import Device
+from powerdev.devices.table import DeviceTable, HostFiles
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.resources.matching import (
     candidates,
     describe,
+    literal_only,
     properties_match,
+    shared_id,
     start_warnings,
+    wanted_key,
     why_nothing,
 )
-from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS
+from powerdev.resources.ownership import Ledger
+from powerdev.resources.verdict import Case, judge
 
 
 @dataclass
@@ -38,6 +45,8 @@ class Report:
     api: str = "device-plugin"
     advertised: list[Device] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (host path, why)
+    # host path -> the names of its family: "same", "below", "above"
+    families: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def warnings(config: Config, reports: list[Report], dev_root: Path, sys_root: Path) -> list[str]:
@@ -58,60 +67,97 @@ def scan(
     dev_root: Path,
     sys_root: Path,
     udev: UdevDatabase | None,
-    guard: HostUseGuard | None,
+    host: HostFiles | None,
 ) -> list[Report]:
+    table = DeviceTable(dev_root, sys_root, udev=udev, host=host)
+    looked = [sorted(dict.fromkeys(candidates(r, dev_root, sys_root))) for r in config.resources]
+    table.look(p for paths in looked for p in paths)
+    ledger = Ledger(table)
     reports = []
-    claimed: dict[str, str] = {}  # host path -> the resource that lists it
-    use = guard.survey() if guard is not None else None
-    for resource in config.resources:
+    for resource, paths in zip(config.resources, looked, strict=True):
         report = Report(resource.name, resource.allocation, resource.api)
-        for path in sorted(dict.fromkeys(candidates(resource, dev_root, sys_root))):
-            device, why = _judge(resource, path, dev_root, sys_root, udev, use)
-            if device is not None and path in claimed:
-                device, why = None, f"held by another resource, {claimed[path]}"
+        listed: dict[Key, str] = {}
+        for path in paths:
+            device, why = _judge(resource, path, table, ledger)
             if device is None:
                 report.left_out.append((path, why))
-            else:
-                claimed[path] = resource.name
-                report.advertised.append(device)
+                continue
+            report.advertised.append(device)
+            report.families[path] = _family(table, device.key)
+            listed.setdefault(device.key, path)
+        for key, path in listed.items():
+            ledger.add_listing(resource.name, key, path)
+        if resource.allocation != "each" and resource.upper_limit <= 0:
+            _share_ids(report, table)
         reports.append(report)
     return reports
 
 
+def _share_ids(report: Report, table: DeviceTable) -> None:
+    """ "all" mode: every name of one device is one unit, with one ID."""
+    names: dict[Key, list[str]] = {}
+    for device in report.advertised:
+        names.setdefault(device.key, []).append(device.path)
+    ids = {k: shared_id(v, table.facts(k).kernel_name) for k, v in names.items()}
+    report.advertised = [replace(d, id=ids[d.key]) for d in report.advertised]
+
+
 def _judge(
-    resource: ResourceConfig,
-    path: str,
-    dev_root: Path,
-    sys_root: Path,
-    udev: UdevDatabase | None,
-    use: HostUse | None,
+    resource: ResourceConfig, path: str, table: DeviceTable, ledger: Ledger
 ) -> tuple[Device | None, str]:
     for pattern in resource.exclude:
         if gomatch.match(pattern, path):
             return None, f"excluded by {pattern!r}"
-    device = probe(dev_root, path)
-    if device is None:
+    key = table.key_of(path)
+    if key is None or not wanted_key(resource, path, key):
         return None, "not a character or block device node"
-    if not control_allowed(device, resource.include, sys_root):
-        return None, "a control node (it creates or removes host devices): name it literally"
-    number = (device.major, device.minor)
     if resource.match_properties:
-        props = identity.properties(sys_root, udev, device.kind, number)
+        props = table.properties(key)
         if not properties_match(resource.match_properties, props):
             wanted = ", ".join(f"{k}={'|'.join(g)}" for k, g in resource.match_properties)
             have = ", ".join(f"{k}={props.get(k, '(none)')}" for k, _ in resource.match_properties)
             return None, f"properties {have} do not match {wanted}"
-    if use is not None and not resource.allow_host_used:
-        why = use.reason(device)
-        if why is not None:
-            return None, f"the host uses it: {why}"
-    described = describe(resource, device, sys_root, udev, with_identity=True)
-    if described is not None and resource.allocation == "each" and described.has_partitions:
-        return None, EACH_DISK_WITH_PARTITIONS
-    return described, ""
+    facts = table.facts(key)
+    device = describe(resource, key, path, table)
+    case = Case(
+        literal_only=literal_only(resource, path, key, table),
+        host_use=facts.host_use,
+        allow_host_used=resource.allow_host_used,
+        each=resource.allocation == "each",
+        has_partitions=facts.has_partitions,
+        rivals=ledger.rivals(resource.name, key, path),
+    )
+    verdict = judge(case, listed=False)
+    if not verdict.offered:
+        return None, verdict.reason
+    return device, ""
+
+
+def _family(table: DeviceTable, key: Key) -> dict[str, list[str]]:
+    facts = table.facts(key)
+    found: dict[str, list[str]] = {}
+    for how, keys in (
+        ("same", facts.family.same | (table.overlapping(key) - facts.family.overlapping)),
+        ("below", facts.family.below),
+        ("above", facts.family.above),
+    ):
+        if keys:
+            found[how] = sorted(_name(table, k) for k in keys)
+    return found
+
+
+def _name(table: DeviceTable, key: Key) -> str:
+    names = table.names(key)
+    if names:
+        return names[0].removeprefix("/dev/")
+    facts = table.facts(key)
+    if facts.kernel_name:
+        return facts.kernel_name
+    return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
 
 
 _THROUGH = {"dra": ", through DRA", "both": ", through the device plugin API and DRA"}
+_HOW = {"same": "the same storage", "below": "lies on", "above": "under it"}
 
 
 def as_text(reports: list[Report]) -> str:
@@ -126,6 +172,10 @@ def as_text(reports: list[Report]) -> str:
                 f"identity {d.identity or '-'}  numa {'-' if d.numa is None else d.numa}  "
                 f"{'Healthy' if d.healthy else 'Unhealthy'}"
             )
+            family = report.families.get(d.path)
+            if family:
+                said = "; ".join(f"{_HOW[k]} {', '.join(v)}" for k, v in family.items())
+                lines.append(f"    family: {said}")
         for path, why in report.left_out:
             lines.append(f"  left out: {path}: {why}")
     return "\n".join(lines)
@@ -138,7 +188,9 @@ def as_json(reports: list[Report]) -> str:
                 "resource": r.resource,
                 "allocation": r.allocation,
                 "api": r.api,
-                "advertised": [asdict(d) for d in r.advertised],
+                "advertised": [
+                    {**asdict(d), "family": r.families.get(d.path, {})} for d in r.advertised
+                ],
                 "left_out": [{"path": p, "reason": why} for p, why in r.left_out],
             }
             for r in reports

@@ -4,10 +4,11 @@ Plain functions over plain data. Two allocation modes:
 
 - "all" (the seed's): every grant carries every healthy device of the
   resource: the resource is a ticket to the devices, and its units count how
-  many containers may hold one at once. upper-limit 0: one unit per device,
-  with the device's ID and health, so capacity equals the device count as
-  with the seed; upper-limit N: N units `share-1` .. `share-N`, Healthy while
-  the resource has at least one healthy device.
+  many containers may hold one at once. upper-limit 0: one unit per device
+  (every name of it: /dev/dm-3 and /dev/mapper/mpatha are one unit), with
+  the device's ID and health, so capacity equals the device count;
+  upper-limit N: N units `share-1` .. `share-N`, Healthy while the
+  resource has at least one healthy device.
 - "each": a unit is one device (every name of it: /dev/dm-3 and its
   /dev/mapper link share an identity, so they are one unit), and a grant
   carries exactly the devices the kubelet chose. GetPreferredAllocation
@@ -50,11 +51,11 @@ class AllocationRefused(ValueError):
 
 
 def units(devices: Sequence[Device], upper_limit: int, mode: str = "all") -> tuple[Unit, ...]:
-    if mode == "each":
+    """One unit per device (every name of one device is one unit, in
+    either mode), or with upper-limit N in "all" mode, N shares."""
+    if mode == "each" or upper_limit <= 0:
         by_id = by_unit(devices)
         return tuple(Unit(i, all(d.healthy for d in ds), ds[0].numa) for i, ds in by_id.items())
-    if upper_limit <= 0:
-        return tuple(Unit(d.id, d.healthy, d.numa) for d in devices)
     any_healthy = any(d.healthy for d in devices)
     return tuple(Unit(f"share-{i}", any_healthy) for i in range(1, upper_limit + 1))
 

@@ -1,29 +1,32 @@
 """What one resource lists: the host paths its config names, matched and
-described as it wants them (udev properties, identity, unit IDs).
+described as it wants them (udev properties, identity, unit IDs), from the
+device table's facts.
 
-discover() is a full look for one resource; wanted() and wanted_device()
-say whether an event's path concerns it.
+candidates() are the paths a full look reads; wanted() and wanted_key()
+say whether a path concerns the resource; reaches() whether it lists the
+device there (host use aside: that is the verdict's); describe() makes
+the Device it advertises. discover() is one look, on a table of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Iterable
 from pathlib import Path
 
 from powerdev.config import ResourceConfig
-from powerdev.devices import gomatch, identity
+from powerdev.devices import gomatch, identity, special
 from powerdev.devices.discovery import (
     NX_GZIP,
     block_candidates,
-    control_allowed,
     include_candidates,
     is_virtual_block,
     matches_any,
     missing_directories,
     probe,
 )
-from powerdev.devices.inuse import BlockTopology
+from powerdev.devices.family import Key
 from powerdev.devices.model import HOST_DEV, Device, device_id
+from powerdev.devices.table import DeviceTable
 from powerdev.devices.udevdb import UdevDatabase
 
 
@@ -44,61 +47,92 @@ def wanted(resource: ResourceConfig, host_path: str, subsystem: str) -> bool:
     return subsystem == "block" and "/" not in name and not is_virtual_block(name)
 
 
-def describe(
-    resource: ResourceConfig,
-    device: Device,
-    sys_root: Path,
-    udev: UdevDatabase | None,
-    *,
-    with_identity: bool = False,
-) -> Device | None:
-    """The device as this resource lists it: None when its udev properties do
-    not match; with its NUMA node; in "each" mode, named by its identity
-    (multipath UUID, WWN, serial, loop backing file) where it has one, so the
-    same disk keeps its ID across reboots and renumbering; for a DRA
-    resource, a block device with its size, vendor and model."""
-    number = (device.major, device.minor)
-    if resource.match_properties:
-        props = identity.properties(sys_root, udev, device.kind, number)
-        if not properties_match(resource.match_properties, props):
-            return None
-    numa = identity.numa_node(sys_root, device.kind, number)
-    found = None
-    if resource.allocation == "each" or with_identity:  # a few reads a device: only when used
-        found = identity.identity(sys_root, udev, device.kind, number)
-    device_id = device.id
-    if resource.allocation == "each":
-        device_id = unit_id(device, found, sys_root)
-    described = f"{found[0]}={found[1]}" if found is not None else None
-    whole_disk, has_partitions = None, False
-    facts = None
-    if device.kind == "b":
-        whole_disk, has_partitions = BlockTopology(sys_root).place(number)
-        if resource.dra:  # size, vendor, model: DRA publishes them
-            facts = identity.block_facts(sys_root, number)
-    return replace(
-        device,
-        id=device_id,
-        numa=numa,
-        identity=described,
-        whole_disk=whole_disk,
-        has_partitions=has_partitions,
-        facts=facts,
+def wanted_key(resource: ResourceConfig, host_path: str, key: Key) -> bool:
+    """wanted(), for a path the device table has found to name `key`."""
+    if resource.nx_gzip and host_path == NX_GZIP and not matches_any(resource.exclude, host_path):
+        return True
+    return wanted(resource, host_path, "block" if key[0] == "b" else "") and (
+        bool(resource.include) or key[0] == "b"
     )
 
 
-def unit_id(device: Device, found: tuple[str, str] | None, sys_root: Path) -> str:
+def literal_only(
+    resource: ResourceConfig, host_path: str, key: Key, table: DeviceTable
+) -> str | None:
+    """Why this node is granted only when named literally, if it is and this
+    resource does not name it so (special.py); None otherwise."""
+    why = special.by_path(key[0], host_path) or table.facts(key).literal_only
+    if why is None:
+        return None
+    if special.named_literally(host_path, resource.include):
+        return None
+    if resource.nx_gzip and host_path == NX_GZIP:
+        return None
+    return why
+
+
+def reaches(resource: ResourceConfig, host_path: str, key: Key, table: DeviceTable) -> bool:
+    """Does the resource list this name, host use aside: its patterns and
+    properties match, and it is not a node only a literal pattern grants?"""
+    return (
+        wanted_key(resource, host_path, key)
+        and literal_only(resource, host_path, key, table) is None
+        and properties_ok(resource, key, table)
+    )
+
+
+def properties_ok(resource: ResourceConfig, key: Key, table: DeviceTable) -> bool:
+    if not resource.match_properties:
+        return True
+    return properties_match(resource.match_properties, table.properties(key))
+
+
+def describe(resource: ResourceConfig, key: Key, host_path: str, table: DeviceTable) -> Device:
+    """The device as this resource lists it, from the table's facts: its
+    NUMA node and identity; in "each" mode named by its identity
+    (multipath UUID, WWN, serial, loop backing file) where it has one, so
+    the same disk keeps its ID across reboots and renumbering; for a DRA
+    resource, a block device with its size, vendor and model."""
+    facts = table.facts(key)
+    kind, major, minor = key
+    if resource.allocation == "each":
+        unit = unit_id(key, facts.identity, facts.kernel_name)
+    else:
+        unit = device_id(host_path)
+    return Device(
+        unit,
+        host_path,
+        kind,
+        major,
+        minor,
+        numa=facts.numa,
+        identity=facts.identity_text,
+        whole_disk=facts.whole_disk,
+        has_partitions=facts.has_partitions,
+        facts=table.block_facts(key) if resource.dra and kind == "b" else None,
+    )
+
+
+def shared_id(names: Iterable[str], kernel_name: str | None) -> str:
+    """ "all" mode: the one ID of every name of a device: the kernel's own
+    node's where it is among them, else the shortest name's."""
+    names = list(names)
+    own = f"{HOST_DEV}/{kernel_name}" if kernel_name else None
+    chosen = own if own in names else min(names, key=lambda p: (len(p), p))
+    return device_id(chosen)
+
+
+def unit_id(key: Key, found: tuple[str, str] | None, kernel_name: str | None) -> str:
     """ "each": the ID of the unit a device is, the same for every name of it
     (the node, its /dev/mapper and /dev/disk/by-* links): its identity where
     it has one; else the kernel's name for the node (sdb, dm-3); else, for a
     node sysfs does not know, its kind and numbers."""
     if found is not None:
         return identity.identity_id(*found)
-    name = identity.kernel_name(sys_root, device.kind, (device.major, device.minor))
-    if name is not None:
-        return device_id(f"{HOST_DEV}/{name}")
-    kind = "block" if device.kind == "b" else "char"
-    return f"{kind}-{device.major}-{device.minor}"
+    if kernel_name is not None:
+        return device_id(f"{HOST_DEV}/{kernel_name}")
+    kind = "block" if key[0] == "b" else "char"
+    return f"{kind}-{key[1]}-{key[2]}"
 
 
 def properties_match(
@@ -127,23 +161,18 @@ def discover(
     dev_root: Path,
     sys_root: Path,
     udev: UdevDatabase | None = None,
-    unmatched: list[Device] | None = None,
 ) -> tuple[Device, ...]:
-    """Every device the resource advertises now, sorted by host path. Nodes
-    whose udev properties do not match go to `unmatched`, when given: their
-    properties may change later."""
-    devices = {}
-    for host_path in candidates(resource, dev_root, sys_root):
-        if host_path in devices or matches_any(resource.exclude, host_path):
-            continue
-        device = probe(dev_root, host_path)
-        if device is not None and control_allowed(device, resource.include, sys_root):
-            described = describe(resource, device, sys_root, udev)
-            if described is not None:
-                devices[host_path] = described
-            elif unmatched is not None:
-                unmatched.append(device)
-    return tuple(sorted(devices.values(), key=lambda d: d.path))
+    """Every device the resource would list now, host use aside, sorted by
+    host path: one look, through a device table of its own."""
+    table = DeviceTable(dev_root, sys_root, udev=udev)
+    paths = [p for p in dict.fromkeys(candidates(resource, dev_root, sys_root))]
+    table.look(paths)
+    devices = []
+    for path in sorted(paths):
+        key = table.key_of(path)
+        if key is not None and reaches(resource, path, key, table):
+            devices.append(describe(resource, key, path, table))
+    return tuple(devices)
 
 
 def why_nothing(resource: ResourceConfig, dev_root: Path, sys_root: Path) -> str:

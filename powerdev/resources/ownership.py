@@ -1,34 +1,37 @@
-"""One device, one holder: which resource lists each device, and which unit
-last granted it, across every resource of the node.
+"""One ledger of every holder: which resources list each device, and who
+holds it, across every resource of the node and both APIs.
 
-Trackers find devices by path, one resource each (resources/tracker.py). The
-ledger sees them by what they are, kind and numbers, so every name of one
-device is one key, and rules on each before a tracker advertises it:
+The device table (devices/table.py) knows each device by what it is (kind
+and numbers) and its family: the devices that share its blocks. The ledger
+keeps, per device:
 
-- Overlap. A device that two resources list, or a block device one resource
-  lists while another lists its whole disk or one of its partitions, goes
-  to neither: left out where it was not advertised, Unhealthy where it was.
-  At start and on reload the same finding is a config error
-  (find_overlap()), so at run time it comes only from a change on the host
-  (a new link, a new partition table).
-- Ownership. The ledger remembers, for each device, the unit an Allocate
-  answer last handed it out as: (resource, unit ID) in "each" mode, and
-  (resource, any unit) in "all" mode, where every grant carries every
-  device. A device that comes back as another unit (a LUN unmapped while held and
-  another one mapped at its numbers, a device a reload moved to another
-  resource, a new identity) is Unhealthy until the kubelet's PodResources
-  API, asked after the change, says no pod holds the old unit: a container
-  that held it keeps its cgroup rule for those numbers. While the kubelet
-  cannot be asked, it waits: the safe side. The memory is the daemon's
-  own: at start it holds what the kubelet says pods hold then.
-- Across the two APIs. A device prepared for a ResourceClaim is owned by
-  (resource, unit, DRA): a resource that lists it through the other API (a
-  reload that changed "api", or moved the device) holds it Unhealthy until
-  the claim is unprepared, which the PodResources API does not say. And a
-  device a pod got through Allocate waits, under a resource that now hands
-  it out through DRA, until the kubelet says no pod holds it. A resource
-  with "api": "both" owns its units through either API (the Plugin keeps
-  the two sides apart: resources/plugin.py).
+- Who lists it: the resources whose patterns reach it, under any name. A
+  device that two resources list, or whose family another resource lists
+  (a disk and its partition, a disk and its sg alias), goes to neither
+  (verdict.py). At start and on reload the same finding is a config error
+  (find_overlap()), so at run time it comes only from a change on the host.
+- Who holds it, one holder a device: a unit of a resource through the
+  device plugin API (Allocate handed it out: in "each" mode the unit, in
+  "all" mode any unit, since every grant carries every device), or a
+  ResourceClaim through DRA (its UID, and whether it is admin access).
+  Inside one family there is never more than one holder: while a device is
+  held, the other devices of its family (its partitions, new ones
+  included; its aliases; its disk) are Unhealthy under any other holder,
+  and NodePrepareResources refuses them.
+
+A unit handed out through the device plugin API is held until the kubelet's
+PodResources API, asked after the grant settled, lists no pod holding it;
+the ledger asks while something waits for a holder to let go, every recheck
+interval (follow_pods). What pods held before this daemon started is what
+the kubelet says then; until it has answered once, every device a resource
+lists through the device plugin API at start counts as held by the unit it
+was listed as (provisional), so a device that changes meanwhile waits: the
+safe side. The kubelet is asked again until it answers. A claim holds its
+devices until it is unprepared, which PodResources does not say.
+
+A resource with "api": "both" serves one holder across its two sides: a
+unit a claim holds is Unhealthy on its device plugin side, and a unit pods
+hold is not offered to DRA (held_units()).
 
 Plain data on the Trio thread; the one wait (for the kubelet) is
 Ledger.follow_pods(), run in the supervisor's nursery.
@@ -38,27 +41,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
 from powerdev.config import Config, ConfigError, ResourceConfig
-from powerdev.devices.model import Device
+from powerdev.devices.table import DeviceTable
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.resources.index import Index
-from powerdev.resources.matching import discover
+from powerdev.resources.matching import candidates, reaches
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]  # kind, major, minor
+DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
+# Seconds from an Allocate answer to the kubelet's PodResources surely
+# listing the grant (it records it as it reads the answer).
+GRANT_SETTLES = 1.0
 
 
 def describe_key(key: Key) -> str:
     return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
-
-
-DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,274 +71,359 @@ class Holder:
     resource: str
     unit: str | None  # None: any unit of the resource ("all" mode)
     api: str = DEVICE_PLUGIN
+    claim: str | None = None  # the ResourceClaim's UID (DRA)
+    admin: bool = False  # the claim asked for admin access
 
     def __str__(self) -> str:
-        through = "a ResourceClaim" if self.api == DRA else "the device plugin API"
+        if self.api == DRA:
+            through = f"ResourceClaim {self.claim}" if self.claim else "a ResourceClaim"
+            if self.admin:
+                through += " (admin access)"
+        else:
+            through = "the device plugin API"
         if self.unit is None:
             return f"any unit of {self.resource} (through {through})"
         return f"unit {self.unit} of {self.resource} (through {through})"
 
     def serves(self, resource: ResourceConfig, unit: str | None) -> bool:
-        """Is this the holder `resource` would grant the unit as?"""
+        """Is this the holder `resource` would grant the unit as? (A "both"
+        resource's two sides are one holder here; held_units() splits them.)"""
         same_api = self.api == resource.api or resource.both
         return self.resource == resource.name and self.unit == unit and same_api
 
 
-@dataclass(slots=True)
-class _Wait:
-    old: Holder
-    since: int  # the ask count when the wait began: only a later answer ends it
+class View(Protocol):
+    """What the ledger asks of a resource's tracker."""
 
+    @property
+    def resource(self) -> ResourceConfig: ...
 
-Regate = Callable[[set[Key]], None]
+    def regate(self, keys: set[Key]) -> None:
+        """Rule again on the devices it finds with these keys."""
+
+    def keys_of(self, unit: str | None) -> list[Key]:
+        """Its devices of this unit (None: every device it lists)."""
+
+    def sides_changed(self) -> None:
+        """What either API of a "both" resource holds changed."""
 
 
 class Ledger:
-    def __init__(self) -> None:
-        self._listers = Index()  # key -> the resources listing it
-        self._paths = Index()  # (key, resource) -> its paths, where more than one
-        self._names: dict[Key, str] = {}  # a path of each listed key, for messages
-        self._disk_of: dict[Key, Key] = {}  # listed partition -> its whole disk
-        self._parts_of: dict[Key, set[Key]] = {}  # whole disk -> its listed partitions
-        self._owners: dict[Key, Holder] = {}
-        self.waiting: dict[Key, _Wait] = {}
-        self._asks = 0  # PodResources asks begun
-        # keys whose rulings may have changed -> the resource whose own
-        # change it was (it has ruled on it since; the others must), if any
-        self._dirty: dict[Key, str | None] = {}
-        self._trackers: dict[str, Regate] = {}
-        self._said: dict[tuple[str, str], str] = {}  # (resource, path) -> what was logged
+    def __init__(self, table: DeviceTable | None = None) -> None:
+        self.table = table
+        self._listers = Index()  # key -> the resources that list it
+        self._named: dict[tuple[Key, str], str] = {}  # (key, resource) -> a name it lists it by
+        self._holds: dict[Key, Holder] = {}
+        self._by_holder: dict[Holder, set[Key]] = {}
+        self._at: dict[Holder, float] = {}  # when a holder last got its devices (trio time)
+        self._provisional: set[Key] = set()  # held at start, until the kubelet says
+        self._units: dict[tuple[str, str], dict[str, int]] = {}  # (resource, api) -> unit -> keys
+        self._waits: dict[Holder, float] = {}  # holders something waits for -> since
+        self._dirty: set[Key] = set()
+        self._sides: set[str] = set()  # "both" resources whose holds changed
+        self._views: dict[str, View] = {}
         self._wake = trio.Event()
+        self.known = False  # the kubelet has said once what pods hold
 
     # --- who lists what ---------------------------------------------------
 
-    def attach(self, resource: str, regate: Regate) -> None:
-        """A resource's tracker: told to rule again on the keys others changed."""
-        self._trackers[resource] = regate
+    def attach(self, view: View) -> None:
+        self._views[view.resource.name] = view
 
     def detach(self, resource: str) -> None:
-        """A resource no longer served: its listings go, its ownerships stay."""
-        self._trackers.pop(resource, None)
+        """A resource no longer served: its listings go, its holds stay."""
+        self._views.pop(resource, None)
         for key in self._listers.keys():
             if self._listers.discard(key, resource):
-                self._paths.forget((key, resource))
-                self._mark(key, resource)
-                if key not in self._listers:
-                    self._drop(key)
-        self._said = {k: v for k, v in self._said.items() if k[0] != resource}
+                self._named.pop((key, resource), None)
+                self._mark(key)
         self.settle()
 
-    def change(self, resource: str, gone: Iterable[Device], came: Iterable[Device]) -> None:
-        """A tracker's found list changed: `gone` devices left it, `came` joined."""
-        for device in gone:
-            key = device.key
-            if self._paths.discard((key, resource), device.path):
-                continue  # another name of it is still listed
-            others = self._paths.get((key, resource))
-            if others:  # so is the first name's stand-in
-                self._paths.discard((key, resource), others[0])
-                continue
-            if self._listers.discard(key, resource):
-                self._mark(key, resource)
-                if key not in self._listers:
-                    self._drop(key)
-        for device in came:
-            key = device.key
-            if device.whole_disk is not None:
-                disk: Key = ("b", *device.whole_disk)
-                self._disk_of[key] = disk
-                self._parts_of.setdefault(disk, set()).add(key)
-            if self._listers.add(key, resource):
-                self._names.setdefault(key, device.path)
-                self._mark(key, resource)
-            else:
-                self._paths.add((key, resource), device.path)
+    def add_listing(self, resource: str, key: Key, path: str) -> None:
+        """The resource lists this device (under `path`, among its names)."""
+        self._named[(key, resource)] = path
+        if self._listers.add(key, resource):
+            self._mark(key)
 
-    def _drop(self, key: Key) -> None:
-        self._names.pop(key, None)
-        disk = self._disk_of.pop(key, None)
-        if disk is not None:
-            parts = self._parts_of.get(disk)
-            if parts is not None:
-                parts.discard(key)
-                if not parts:
-                    del self._parts_of[disk]
+    def drop_listing(self, resource: str, key: Key) -> None:
+        self._named.pop((key, resource), None)
+        if self._listers.discard(key, resource):
+            self._mark(key)
 
-    def _mark(self, key: Key, by: str | None = None) -> None:
-        """Rulings on this key and on its disk's and partitions' may change.
-        `by`: the resource whose listing changed, which rules on these keys
-        itself right after; every other resource must rule again."""
-        for each in (key, self._disk_of.get(key), *self._parts_of.get(key, ())):
-            if each is not None:
-                self._dirty[each] = by
+    def _family(self, key: Key) -> frozenset[Key]:
+        return self.table.overlapping(key) if self.table is not None else frozenset()
 
-    def name_of(self, key: Key) -> str | None:
-        return self._names.get(key)
+    def _mark(self, key: Key) -> None:
+        """Rulings on this device and its family may change."""
+        self._dirty.add(key)
+        self._dirty.update(self._family(key))
 
-    def rivals(self, resource: str, device: Device) -> list[str]:
-        """The other resources that list this device or overlapping blocks, as phrases."""
-        found = [
-            f"{other} lists it too" for other in self._listers.get(device.key) if other != resource
-        ]
-        if device.whole_disk is not None:
-            disk: Key = ("b", *device.whole_disk)
-            found += [
-                f"{other} lists its whole disk {self._names.get(disk, describe_key(disk))}"
-                for other in self._listers.get(disk)
-                if other != resource
-            ]
-        for part in sorted(self._parts_of.get(device.key, ())):
-            found += [
-                f"{other} lists its partition {self._names.get(part, describe_key(part))}"
-                for other in self._listers.get(part)
-                if other != resource
-            ]
+    def name_of(self, key: Key, resource: str | None = None) -> str:
+        """A name of the device: the one `resource` lists it by, if it does."""
+        named = self._named.get((key, resource)) if resource is not None else None
+        if named is not None:
+            return named
+        names = self.table.names(key) if self.table is not None else ()
+        return names[0] if names else describe_key(key)
+
+    def rivals(self, resource: str, key: Key, path: str | None = None) -> list[str]:
+        """The other resources that list this device or its family, as phrases."""
+        found = []
+        for other in sorted(self._listers.get(key)):
+            if other != resource:
+                name = self.name_of(key, other)
+                named = f", as {name}" if path is not None and name != path else ""
+                found.append(f"{other} lists it too{named}")
+        for kin in sorted(self._family(key)):
+            for other in sorted(self._listers.get(kin)):
+                if other != resource:
+                    found.append(f"{other} lists {self._relation(key, kin, other)}")
         return found
 
-    # --- the ruling -------------------------------------------------------
+    def _relation(self, key: Key, kin: Key, lister: str | None = None) -> str:
+        name = self.name_of(kin, lister)
+        how = self.table.relation(key, kin) if self.table is not None else "same"
+        return {
+            "disk": f"its whole disk {name}",
+            "partition": f"its partition {name}",
+            "below": f"{name}, which it lies on",
+            "above": f"{name}, which lies on it",
+        }.get(how, f"{name}, the same storage")
 
-    def rule(self, resource: ResourceConfig, device: Device, *, listed: bool) -> Device | None:
-        """The device as `resource` may advertise it: as found, Unhealthy,
-        or None (left out). `listed`: it is advertised now."""
-        key = device.key
-        if (
-            not self._listers.several(key)
-            and key not in self._disk_of
-            and key not in self._parts_of
-            and key not in self._owners
-            and not self._said
-        ):
-            return device  # the common case: nothing to rule on
-        rivals = self.rivals(resource.name, device)
-        if rivals:
-            self._say(
-                resource.name,
-                device.path,
-                f"{device.path} ({describe_key(device.key)}) is not offered by "
-                f"{resource.name}: {'; '.join(rivals)}. A device belongs to one resource only",
-            )
-            return replace(device, healthy=False) if listed else None
-        unit = device.id if resource.allocation == "each" else None
-        owner = self._owners.get(device.key)
-        if owner is not None and not owner.serves(resource, unit):
-            wait = self.waiting.get(device.key)
-            if wait is None or wait.old != owner:
-                self.waiting[device.key] = _Wait(owner, self._asks)
-                if owner.api != DRA:
-                    self._wake.set()
-            until = (
-                "until that claim is unprepared"
-                if owner.api == DRA
-                else "until the kubelet says no pod holds that"
-            )
-            mine = "any unit" if unit is None else f"unit {unit}"
-            self._say(
-                resource.name,
-                device.path,
-                f"{device.path} ({describe_key(device.key)}) waits in {resource.name} as "
-                f"{mine}: it was granted as {owner}, and {until}, a pod may still reach it",
-            )
-            return replace(device, healthy=False)
-        self.waiting.pop(device.key, None)
-        if self._said.pop((resource.name, device.path), None) is not None:
-            log.info("%s: %s is offered again", resource.name, device.path)
-        return device
+    # --- who holds what ---------------------------------------------------
 
-    def granted(self, resource: str, unit: str | None, devices: Iterable[Device]) -> None:
-        """An Allocate answer handed these devices out as `unit` of `resource`
-        (None: "all" mode, where every unit carries them all)."""
+    def _hold(self, key: Key, holder: Holder, at: float, *, provisional: bool = False) -> None:
+        self._at[holder] = max(self._at.get(holder, at), at)
+        old = self._holds.get(key)
+        if old == holder:
+            if not provisional:
+                self._provisional.discard(key)
+            return
+        if old is not None:
+            self._unhold(key, old)
+        self._holds[key] = holder
+        self._by_holder.setdefault(holder, set()).add(key)
+        if provisional:
+            self._provisional.add(key)
+        self._count(holder, +1)
+        # its family may be blocked now; itself only if someone else lists it
+        self._dirty.update(self._family(key))
+        if old is not None or any(r != holder.resource for r in self._listers.get(key)):
+            self._dirty.add(key)
+
+    def _unhold(self, key: Key, holder: Holder) -> None:
+        keys = self._by_holder.get(holder)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_holder[holder]
+                self._at.pop(holder, None)
+                self._waits.pop(holder, None)
+        self._provisional.discard(key)
+        self._count(holder, -1)
+
+    def _release(self, key: Key) -> None:
+        old = self._holds.pop(key, None)
+        if old is not None:
+            self._unhold(key, old)
+            self._mark(key)
+
+    def _count(self, holder: Holder, step: int) -> None:
+        if holder.unit is None:
+            return
+        units = self._units.setdefault((holder.resource, holder.api), {})
+        count = units.get(holder.unit, 0) + step
+        if count > 0:
+            units[holder.unit] = count
+        else:
+            units.pop(holder.unit, None)
+        if (count > 0) == (step > 0) and count in (0, 1):  # the unit came or went
+            self._sides.add(holder.resource)
+
+    def holder_of(self, key: Key) -> Holder | None:
+        return self._holds.get(key)
+
+    def held_units(self, resource: str, api: str) -> frozenset[str]:
+        """The units of a resource held through one API."""
+        return frozenset(self._units.get((resource, api), ()))
+
+    def granted(self, resource: str, unit: str | None, keys: Iterable[Key]) -> None:
+        """An Allocate answer handed these devices out as `unit` of
+        `resource` (None: "all" mode, where every unit carries them all)."""
         holder = Holder(resource, unit)
-        for device in devices:
-            self._owners[device.key] = holder
-
-    def claimed(self, resource: str, unit: str, keys: Iterable[Key]) -> None:
-        """A claim was prepared with this unit of `resource` (these device numbers)."""
-        holder = Holder(resource, unit, DRA)
+        now = trio.current_time()
         for key in keys:
-            if self._owners.get(key) != holder:
-                self._owners[key] = holder
-                self._mark(key)  # every resource rules again: its own ruled before
+            self._hold(key, holder, now)
         self.settle()
 
-    def unclaimed(self, resource: str, unit: str, keys: Iterable[Key]) -> None:
-        """That claim is unprepared: whoever waited for the device waits no more."""
-        holder = Holder(resource, unit, DRA)
+    def touch(self, resource: str, units: Iterable[str | None]) -> None:
+        """Allocate's answer for these units is on its way: they count from now."""
+        now = trio.current_time()
+        for unit in units:
+            holder = Holder(resource, unit)
+            if holder in self._at:
+                self._at[holder] = now
+
+    def provisional(self, resource: str, unit: str | None, keys: Iterable[Key]) -> None:
+        """At start: held as this unit until the kubelet says otherwise."""
+        now = trio.current_time()
         for key in keys:
-            if self._owners.get(key) == holder:
-                del self._owners[key]
-                wait = self.waiting.get(key)
-                if wait is not None and wait.old == holder:
-                    log.info(
-                        "%s: %s is unprepared",
-                        self._names.get(key, describe_key(key)),
-                        holder,
-                    )
-                    del self.waiting[key]
-                self._mark(key)
+            if key not in self._holds:
+                self._hold(key, Holder(resource, unit), now, provisional=True)
+
+    def claimed(
+        self, resource: str, unit: str, keys: Iterable[Key], claim: str, *, admin: bool = False
+    ) -> None:
+        """A claim was prepared with this unit of `resource`."""
+        holder = Holder(resource, unit, DRA, claim, admin)
+        now = trio.current_time()
+        for key in keys:
+            self._hold(key, holder, now)
+            self._dirty.add(key)  # its own resource's other side rules again too
         self.settle()
 
-    def _say(self, resource: str, path: str, text: str) -> None:
-        if self._said.get((resource, path)) != text:
-            self._said[(resource, path)] = text
-            log.warning("%s", text)
+    def unclaimed(self, claim: str) -> None:
+        """That claim is unprepared: its devices are free."""
+        for holder in [h for h in self._by_holder if h.claim == claim]:
+            for key in sorted(self._by_holder.get(holder, ())):
+                log.info("%s: %s is unprepared", self.name_of(key), holder)
+                self._release(key)
+        self.settle()
 
-    def forget(self, resource: str, path: str) -> None:
-        """The resource no longer finds this path: what was said of it is done."""
-        self._said.pop((resource, path), None)
+    def blocking(
+        self, key: Key, resource: ResourceConfig, unit: str | None, *, claim: str | None = None
+    ) -> tuple[Key, Holder] | None:
+        """The device of this one's family (itself included) that a holder
+        other than (resource, unit) holds, and that holder. With `claim`
+        (NodePrepareResources), another claim on the same unit and pods
+        holding it through the device plugin API count too."""
+        for kin in (key, *sorted(self._family(key))):
+            holder = self._holds.get(kin)
+            if holder is None:
+                continue
+            if claim is None:
+                if holder.serves(resource, unit):
+                    continue
+            elif (
+                holder.resource == resource.name
+                and holder.unit == unit
+                and holder.api == DRA
+                and holder.claim in (None, claim)
+            ):
+                continue
+            return kin, holder
+        return None
+
+    def why_held(self, key: Key, kin: Key, holder: Holder) -> str:
+        """Why a device waits for a holder of its family; registers the wait
+        (the kubelet is asked while something waits for a device plugin unit)."""
+        if holder.api == DRA:
+            until = "until that claim is unprepared"
+        else:
+            until = "until the kubelet says no pod holds it"
+            if holder not in self._waits:
+                self._waits[holder] = trio.current_time()
+                self._wake.set()
+        what = "it" if kin == key else self._relation(key, kin)
+        return f"{what} is held as {holder}, and {until}, a pod may still reach it"
+
+    # --- settling -----------------------------------------------------------
 
     def settle(self) -> None:
-        """Have every tracker rule again on the keys whose rulings may have changed."""
-        while self._dirty:
-            dirty, self._dirty = self._dirty, {}
-            for name, regate in list(self._trackers.items()):
-                keys = {key for key, excused in dirty.items() if excused != name}
-                if keys:
-                    regate(keys)
-
-    # --- waiting for the kubelet -----------------------------------------
-
-    def answered(self, held: dict[str, set[str]], asked: int) -> None:
-        """What pods hold, per the kubelet, in an answer to ask number `asked`:
-        end the waits that began before it and whose old unit no pod holds."""
-        for key, wait in list(self.waiting.items()):
-            if wait.since >= asked or wait.old.api == DRA:
-                continue  # began after the question was put (the answer may predate
-                # it), or a claim holds it: the kubelet's PodResources cannot say
-            ids = held.get(wait.old.resource, set())
-            still = bool(ids) if wait.old.unit is None else wait.old.unit in ids
-            if not still:
-                log.info(
-                    "%s: the kubelet says no pod holds %s any more",
-                    self._names.get(key, describe_key(key)),
-                    wait.old,
+        """Have every tracker rule again on the devices whose rulings may
+        have changed; a "both" resource hears that its sides changed."""
+        rounds = 0
+        while self._dirty or self._sides:
+            rounds += 1
+            if rounds > 100:  # rulings converge; this only guards against a bug
+                log.error(
+                    "the ledger did not settle after 100 rounds: %d devices", len(self._dirty)
                 )
-                del self.waiting[key]
-                if self._owners.get(key) == wait.old:
-                    del self._owners[key]
-                self._mark(key)
+                self._dirty.clear()
+                self._sides.clear()
+                return
+            dirty, self._dirty = self._dirty, set()
+            sides, self._sides = self._sides, set()
+            for view in list(self._views.values()):
+                if dirty:
+                    view.regate(dirty)
+                if view.resource.name in sides:
+                    view.sides_changed()
+
+    # --- what pods hold, as the kubelet says ---------------------------------
+
+    def answered(self, held: dict[str, set[str]], asked_at: float) -> None:
+        """The kubelet's answer to an ask begun at `asked_at`: the device IDs
+        each resource's pods hold. A device plugin unit no pod holds, whose
+        grant had settled by then, is free; one the kubelet lists and the
+        ledger does not hold (a pod from before, a lagging answer) is held."""
+        settled = asked_at - GRANT_SETTLES
+        for holder in list(self._by_holder):
+            if holder.api == DRA:
+                continue  # a claim: the kubelet's PodResources cannot say
+            ids = held.get(holder.resource, set())
+            still = bool(ids) if holder.unit is None else holder.unit in ids
+            keys = sorted(self._by_holder[holder])
+            if still:
+                self._provisional.difference_update(keys)
+                continue
+            fresh = self._at.get(holder, 0.0) >= settled
+            for key in keys:
+                if key in self._provisional or not fresh:
+                    if holder in self._waits:
+                        log.info(
+                            "%s: the kubelet says no pod holds %s any more",
+                            self.name_of(key),
+                            holder,
+                        )
+                    self._release(key)
+        for name, ids in held.items():
+            view = self._views.get(name)
+            if view is None or not ids:
+                continue
+            units = ids if view.resource.allocation == "each" else {None}
+            for unit in sorted(units, key=str):
+                holder = Holder(name, unit)
+                for key in view.keys_of(unit):
+                    if key not in self._holds:
+                        self._hold(key, holder, asked_at)
+        self.known = True
         self.settle()
+
+    def asks_kubelet(self) -> bool:
+        """Is something waiting for what the kubelet's PodResources can say?
+        (What pods held at start, until it has said; a holder something
+        waits for; a unit a "both" resource's DRA side waits for.)"""
+        if self._waits or (not self.known and self._provisional):
+            return True
+        return any(
+            units
+            and api == DEVICE_PLUGIN
+            and (view := self._views.get(name)) is not None
+            and view.resource.both
+            for (name, api), units in self._units.items()
+        )
+
+    def wake(self) -> None:
+        """Ask the kubelet at once (a "both" unit was handed out)."""
+        self._wake.set()
 
     async def follow_pods(
         self, ask: Callable[[], Awaitable[dict[str, set[str]] | None]], interval: float
     ) -> None:
-        """While a device waits, ask the kubelet what pods hold: at once,
+        """While something waits, ask the kubelet what pods hold: at once,
         then every `interval` seconds."""
         while True:
             if not self.asks_kubelet():
                 await self._wake.wait()
             self._wake = trio.Event()
-            self._asks += 1
-            asked = self._asks
+            asked_at = trio.current_time()
             held = await ask()
             if held is not None:
-                self.answered(held, asked)
+                self.answered(held, asked_at)
             if self.asks_kubelet():
                 with trio.move_on_after(interval):
                     await self._wake.wait()
-
-    def asks_kubelet(self) -> bool:
-        """Does a device wait for what the kubelet's PodResources can say?"""
-        return any(w.old.api != DRA for w in self.waiting.values())
 
 
 # --- at start and reload -------------------------------------------------------
@@ -348,8 +438,8 @@ OVERLAP_FIX = (
 def check_devices(
     config: Config, dev_root: Path, sys_root: Path, udev: UdevDatabase | None = None
 ) -> None:
-    """ConfigError if two resources of the config would list one device
-    (find_overlap); run at start, on reload and by `powerdev scan`."""
+    """ConfigError if two resources of the config would list one device or
+    one family (find_overlap); run at start, on reload and by `powerdev scan`."""
     clash = find_overlap(config.resources, dev_root, sys_root, udev)
     if clash is not None:
         index, what = clash
@@ -362,24 +452,29 @@ def find_overlap(
     sys_root: Path,
     udev: UdevDatabase | None = None,
 ) -> tuple[int, str] | None:
-    """The first device two resources would both list (by kind and numbers,
-    whatever the names), or a block device one lists while another lists its
-    whole disk or a partition of it: (index of the later resource, what
+    """The first device two resources would both reach (by kind and numbers,
+    whatever the names), or one whose family another reaches (a disk and its
+    partition, a disk and its alias): (index of the later resource, what
     clashes). None if there is none. Devices the host uses count too: the
     host may let go of them."""
     if len(resources) < 2:
         return None  # one resource cannot overlap itself: no look needed
-    ledger = Ledger()
-    for i, resource in enumerate(resources):
-        found = discover(resource, dev_root, sys_root, udev)
-        for device in found:
-            rivals = ledger.rivals(resource.name, device)
+    table = DeviceTable(dev_root, sys_root, udev=udev)
+    looked = [list(dict.fromkeys(candidates(r, dev_root, sys_root))) for r in resources]
+    table.look(p for paths in looked for p in paths)
+    ledger = Ledger(table)
+    for i, (resource, paths) in enumerate(zip(resources, looked, strict=True)):
+        reached: dict[Key, str] = {}
+        for path in sorted(paths):
+            key = table.key_of(path)
+            if key is None or not reaches(resource, path, key, table):
+                continue
+            reached.setdefault(key, path)
+            rivals = ledger.rivals(resource.name, key, path)
             if rivals:
-                also = ledger.name_of(device.key)
-                named = f", as {also}" if also not in (None, device.path) else ""
                 return i, (
-                    f"{resource.name} matches {device.path} ({describe_key(device.key)}) "
-                    f"and {'; '.join(rivals)}{named}"
+                    f"{resource.name} matches {path} ({describe_key(key)}) and {'; '.join(rivals)}"
                 )
-        ledger.change(resource.name, (), found)
+        for key, path in reached.items():
+            ledger.add_listing(resource.name, key, path)
     return None

@@ -5,20 +5,17 @@ this object for everything; answers are computed once per inventory version
 and reused by every stream and every Allocate.
 
 A resource with "api": "both" hands each device to one holder at a time
-across the two APIs. The Plugin keeps both sides' holds: the units prepared
-for ResourceClaims (told by dra/claims.py) are Unhealthy on the device
-plugin side and refused by Allocate; the units Allocate handed out are left
-out of what DRA offers until the kubelet's PodResources API, asked after the
-grant, says no pod holds them (daemon/pods.py asks). Until the kubelet has
-answered once, DRA is offered nothing: what pods held before this daemon
-started is not known yet.
+across the two APIs, as the node-wide ledger says (ownership.py): the
+units claims hold are Unhealthy on the device plugin side and refused by
+Allocate; the units pods hold through Allocate are left out of what DRA
+offers until the kubelet's PodResources API, asked after the grant, says no
+pod holds them. Until the kubelet has answered once, DRA is offered
+nothing: what pods held before this daemon started is not known yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-
-import trio
+from collections.abc import Callable, Sequence
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
@@ -26,12 +23,8 @@ from powerdev.devices.model import Device
 from powerdev.resources import allocation, cdi
 from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.resources.cdi import SpecWriter
-from powerdev.resources.ownership import Ledger
+from powerdev.resources.ownership import DEVICE_PLUGIN, DRA, Ledger
 from powerdev.resources.tracker import Tracker
-
-# Seconds from an Allocate answer to the kubelet's PodResources surely
-# listing the grant (it records it as it reads the answer).
-GRANT_SETTLES = 1.0
 
 
 class Plugin:
@@ -53,12 +46,16 @@ class Plugin:
         *,
         refresh: Callable[[], None] | None,
         spec: SpecWriter | None,
+        ledger: Ledger | None = None,
     ) -> None:
         self._resource = resource
         self.inventory = inventory
         self.tracker = tracker
         self.spec = spec
         self._refresh = refresh
+        self._ledger = ledger if ledger is not None else tracker.ledger if tracker else None
+        if self._ledger is not None:
+            self._ledger.attach(self)  # the resource's voice in the ledger
         self._units_key: tuple[object, ...] | None = None
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}
@@ -66,12 +63,7 @@ class Plugin:
         self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
         self._by_unit: dict[str, list[Device]] = {}
         self._by_unit_version = -1
-        # "both": the units claims hold; the units Allocate handed out (-> when),
-        # and whether the kubelet has said yet what pods hold.
-        self._claimed: frozenset[str] = frozenset()
-        self._dp_held: dict[str, float] = {}
-        self._dp_known = False
-        self._dp_granted = trio.Event()
+        self._recorded = -1  # "all": the inventory version last recorded as granted
 
     def refresh(self) -> None:
         """Apply the device events queued now (nothing without a daemon)."""
@@ -86,7 +78,22 @@ class Plugin:
     @property
     def ledger(self) -> Ledger | None:
         """The node-wide ledger of who holds which device (resources/ownership.py)."""
-        return self.tracker.ledger if self.tracker is not None else None
+        return self._ledger
+
+    # --- what the ledger asks of a resource (ownership.View) ----------------------
+
+    def regate(self, keys: set[tuple[str, int, int]]) -> None:
+        if self.tracker is not None:
+            self.tracker.regate(keys)
+
+    def keys_of(self, unit: str | None) -> list[tuple[str, int, int]]:
+        devices = self.inventory.current.devices
+        return sorted({d.key for d in devices if unit is None or d.id == unit})
+
+    def sides_changed(self) -> None:
+        """A "both" resource: what each API holds changed; every stream and
+        the pool see it."""
+        self.inventory.publish(self.inventory.current.devices, force=True)
 
     @property
     def resource(self) -> ResourceConfig:
@@ -103,17 +110,25 @@ class Plugin:
             return False
         return await self.tracker.rescan(resource)
 
+    def _held_through(self, api: str) -> frozenset[str]:
+        """ "both": the units of this resource held through one API."""
+        ledger = self.ledger
+        if ledger is None or not self.resource.both:
+            return frozenset()
+        return ledger.held_units(self.resource.name, api)
+
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""
         snapshot = snapshot or self.inventory.current
-        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation, self._claimed)
+        claimed = self._held_through(DRA)
+        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation, claimed)
         if key != self._units_key:
             self._units = allocation.units(
                 snapshot.devices, self.resource.upper_limit, self.resource.allocation
             )
-            if self._claimed and self.resource.both:
+            if claimed:
                 self._units = tuple(
-                    Unit(u.id, False, u.numa) if u.id in self._claimed else u for u in self._units
+                    Unit(u.id, False, u.numa) if u.id in claimed else u for u in self._units
                 )
             self._units_by_id = {u.id: u for u in self._units}
             self._units_key = key
@@ -122,7 +137,9 @@ class Plugin:
     def allocate(
         self, requests: Sequence[Sequence[str]], *, refresh: bool = True
     ) -> list[tuple[DeviceGrant, ...] | CdiGrant]:
-        """One grant per container request; AllocationRefused names a bad ID."""
+        """One grant per container request; AllocationRefused names a bad ID.
+        A request that names no ID (the answer made ahead, at registration)
+        hands nothing out, so the ledger records no grant for it."""
         if refresh:
             self.refresh()
         snapshot = self.inventory.current
@@ -131,17 +148,17 @@ class Plugin:
             if self.resource.both:
                 self._refuse_claimed(ids)
             allocation.check_request(ids, self._units_by_id)
+        handed_out = any(requests)
         if self.resource.allocation == "each":
-            grants = [self._chosen(snapshot, ids) for ids in requests]
-            if self.resource.both:
-                self._granted_to_pods(i for ids in requests for i in ids)
-            return grants
+            return [self._chosen(snapshot, ids, record=handed_out) for ids in requests]
+        if handed_out and self.ledger is not None and self._recorded != snapshot.version:
+            # every unit carries every healthy device: held as any unit, once a
+            # version (the list's health is the verdict, ledger included)
+            healthy = [d.key for d in snapshot.devices if d.healthy]
+            self.ledger.granted(self.resource.name, None, healthy)
+            self._recorded = snapshot.version
         key = (snapshot.version, self.resource)
         if key != self._grant_key:
-            if self.ledger is not None:  # every unit carries every healthy device
-                self.ledger.granted(
-                    self.resource.name, None, (d for d in snapshot.devices if d.healthy)
-                )
             if self.resource.cdi:
                 self._need_spec()
                 self._grant = CdiGrant(cdi.qualified_names(self.resource, snapshot.devices))
@@ -150,97 +167,80 @@ class Plugin:
             self._grant_key = key
         return [self._grant for _ in requests]
 
-    def _chosen(self, snapshot: Snapshot, ids: Sequence[str]) -> tuple[DeviceGrant, ...] | CdiGrant:
+    def _chosen(
+        self, snapshot: Snapshot, ids: Sequence[str], *, record: bool
+    ) -> tuple[DeviceGrant, ...] | CdiGrant:
         """ "each": exactly the devices the kubelet chose (every name of each)."""
         if self._by_unit_version != snapshot.version:
             self._by_unit = allocation.by_unit(snapshot.devices)
             self._by_unit_version = snapshot.version
-        if self.ledger is not None:
+        if self.ledger is not None and record:
             for unit_id in dict.fromkeys(ids):
-                self.ledger.granted(self.resource.name, unit_id, self._by_unit.get(unit_id, ()))
+                devices = self._by_unit.get(unit_id, ())
+                self._refuse_blocked(devices, unit_id)
+                self.ledger.granted(self.resource.name, unit_id, [d.key for d in devices])
+            if self.resource.both:
+                self.ledger.wake()  # its DRA side waits on what pods hold
         if self.resource.cdi:
             self._need_spec()
             devices = tuple(d for i in dict.fromkeys(ids) for d in self._by_unit.get(i, ()))
             return CdiGrant(cdi.qualified_names(self.resource, devices))
         return allocation.grant_chosen(self._by_unit, ids, self.resource.permissions)
 
+    def _refuse_blocked(self, devices: Sequence[Device], unit: str | None) -> None:
+        """The ledger is asked at the grant itself, too: a device whose family
+        another holder holds is never handed out, whatever the list said."""
+        assert self.ledger is not None
+        for device in devices:
+            blocked = self.ledger.blocking(device.key, self.resource, unit)
+            if blocked is not None:
+                raise allocation.AllocationRefused(
+                    f"device ID {device.id!r} ({device.path}) is not granted: "
+                    f"{self.ledger.why_held(device.key, *blocked)}"
+                )
+
     # --- "both": one holder across the two APIs ----------------------------
 
     def _refuse_claimed(self, ids: Sequence[str]) -> None:
+        claimed = self._held_through(DRA)
         for unit_id in ids:
-            if unit_id in self._claimed:
+            if unit_id in claimed:
                 raise allocation.AllocationRefused(
                     f"device ID {unit_id!r} is held by a ResourceClaim (this resource is "
                     'served through both APIs, "api": "both"): it is Unhealthy here until '
                     "the claim is unprepared"
                 )
 
-    def _granted_to_pods(self, ids: Iterable[str]) -> None:
-        now = trio.current_time()
-        fresh = False
-        for unit_id in dict.fromkeys(ids):
-            fresh |= unit_id not in self._dp_held
-            self._dp_held[unit_id] = now
-        self._dp_granted.set()
-        self._dp_granted = trio.Event()
-        if fresh and self._dp_known:
-            self._changed()
-
     def answered(self, requests: Sequence[Sequence[str]]) -> None:
-        """Allocate's answer for these grants is on its way (or refused): with
-        "api": "both", they count from now, so that an ask of the kubelet
-        begun before it knew of them cannot free them."""
-        if self.resource.both:
-            now = trio.current_time()
-            for unit_id in (i for ids in requests for i in ids):
-                if unit_id in self._dp_held:
-                    self._dp_held[unit_id] = now
-
-    def claimed(self, units: Iterable[str]) -> None:
-        """The units prepared for claims now (dra/claims.py says, on every change)."""
-        claimed = frozenset(units)
-        if claimed != self._claimed:
-            self._claimed = claimed
-            if self.resource.both:
-                self._changed()
-
-    def pods_hold(self, held: set[str], asked_at: float) -> None:
-        """The kubelet's answer, to an ask begun at `asked_at`: the unit IDs
-        of this resource pods hold. A unit Allocate handed out before the ask
-        and not held now is offered to DRA again."""
-        # A unit handed out a moment before the ask may not be in the answer yet.
-        settled = asked_at - GRANT_SETTLES
-        gone = [u for u, when in self._dp_held.items() if when < settled and u not in held]
-        for unit_id in gone:
-            del self._dp_held[unit_id]
-        for unit_id in held:
-            self._dp_held.setdefault(unit_id, asked_at)
-        if gone or not self._dp_known:
-            self._dp_known = True
-            self._changed()
+        """Allocate's answer for these grants is on its way (or refused):
+        they count from now, so that an ask of the kubelet begun before it
+        knew of them cannot free them."""
+        if self.ledger is not None and any(requests):
+            units = {i for ids in requests for i in ids}
+            self.ledger.touch(
+                self.resource.name, units if self.resource.allocation == "each" else {None}
+            )
 
     @property
     def held_by_pods(self) -> frozenset[str] | None:
-        """The units Allocate handed out that pods may still hold; None while
-        the kubelet has not said (so any unit may be held)."""
-        return frozenset(self._dp_held) if self._dp_known else None
-
-    async def wait_granted(self) -> None:
-        """Until Allocate next hands out a unit."""
-        await self._dp_granted.wait()
+        """ "both": the units Allocate handed out that pods may still hold;
+        None while the kubelet has not said (so any unit may be held)."""
+        ledger = self.ledger
+        if ledger is None:
+            return frozenset()
+        if not ledger.known:
+            return None
+        return self._held_through(DEVICE_PLUGIN)
 
     def offered_to_dra(self, snapshot: Snapshot) -> Sequence[Device]:
         """The devices DRA may publish and prepare: all of them, except, with
         "api": "both", those pods hold through the device plugin API."""
         if not self.resource.both:
             return snapshot.devices
-        if not self._dp_known:
+        held = self.held_by_pods
+        if held is None:
             return ()
-        return tuple(d for d in snapshot.devices if d.id not in self._dp_held)
-
-    def _changed(self) -> None:
-        """What either side advertises changed: every stream and the pool follow."""
-        self.inventory.publish(self.inventory.current.devices, force=True)
+        return tuple(d for d in snapshot.devices if d.id not in held)
 
     def _need_spec(self) -> None:
         if self.spec is None:

@@ -1,45 +1,58 @@
-"""Keep one resource's device list in step with the host.
+"""One resource's view of the node's device table: the names its patterns
+and properties reach, each ruled on by the one verdict (verdict.py), and
+published to its inventory, which pushes the list to every ListAndWatch
+stream.
 
-Two ways in: a full rescan (at start, every scan-interval with the `time`
-strategy, or when events were lost), and device events, which re-probe only
-the paths they name. Either way the result is published to the inventory,
-which pushes it to every ListAndWatch stream.
+Two ways in. A rescan (at start, every scan-interval with the `time`
+strategy, on a reload or when events were lost) globs the resource's
+patterns and has the table survey what they name, in a worker thread.
+Device events are applied to the table once for the node (the
+supervisor), and each tracker follows what changed (follow()): the names
+whose device changed and the devices whose facts or family changed. Either
+way the cost is what changed, not what the resource holds.
 
-Health follows identity. A node that vanishes is removed from the list, and
-is listed again, Healthy, when it returns. A name that now points at a
-different device (another major:minor) is Unhealthy: it is not the device the
-kubelet handed out under that ID. It turns Healthy again once the original
-device is back under that name, or once the name goes away and returns
-(udev removes and re-adds a re-created map's links), or after a restart.
+A name that vanishes is removed from the list, and is listed again,
+Healthy, when it returns. A name that now reaches a different device
+(another major:minor) is Unhealthy: it is not the device the kubelet
+handed out under that ID. It turns Healthy again once the original device
+is back under that name, or once the name goes away and returns (udev
+removes and re-adds a re-created map's links), or after a restart.
+
+In "all" mode every name of one device is one unit, named after the
+kernel's node where the resource lists it, else its shortest name.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.discovery import control_allowed, probe
+from powerdev.devices import gomatch
 from powerdev.devices.events import DeviceEvent
-from powerdev.devices.inuse import HostUseGuard, recheck_paths
+from powerdev.devices.family import Key
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
+from powerdev.devices.table import Changes, DeviceTable, HostFiles
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.resources.index import Index
-from powerdev.resources.matching import describe, discover, wanted, wanted_device
-
-if TYPE_CHECKING:
-    from powerdev.resources.ownership import Ledger
+from powerdev.resources.matching import (
+    candidates,
+    describe,
+    literal_only,
+    properties_ok,
+    shared_id,
+    wanted,
+    wanted_key,
+)
+from powerdev.resources.ownership import Ledger, describe_key
+from powerdev.resources.verdict import LEFT_OUT, OFFERED, Case, Verdict, judge
 
 log = logging.getLogger(__name__)
-EACH_DISK_WITH_PARTITIONS = (
-    'a disk with partitions: in "each" mode its partitions are the units, '
-    "so that two pods never share blocks"
-)
 
 
 class Tracker:
@@ -50,224 +63,336 @@ class Tracker:
         dev_root: Path,
         sys_root: Path,
         *,
-        guard: HostUseGuard | None = None,
+        table: DeviceTable | None = None,
+        host: HostFiles | None = None,
         udev: UdevDatabase | None = None,
         ledger: Ledger | None = None,
+        on_survey: Callable[[Changes], None] | None = None,
     ) -> None:
         self.resource = resource  # in force: what the published list was found under
         self._wanted = resource  # what the next rescan looks for (a reload may change it)
         self.inventory = inventory
         self.dev_root = dev_root
         self.sys_root = sys_root
-        self._identity: dict[str, tuple[int, int]] = {}  # path -> numbers first seen there
-        self.udev = udev  # udev's database, for properties and identities
-        self._unmatched: dict[tuple[int, int], set[str]] = {}  # left out for properties
-        self._scans = 0  # rescans running now
+        # the node's table, or (a tracker on its own, in tests) one of its own
+        self.table = table or DeviceTable(dev_root, sys_root, udev=udev, host=host)
+        self.ledger = ledger
+        self._mine: dict[str, Key] = {}  # the names it looks at -> what they reach
+        self.found: dict[str, Device] = {}  # the names it lists, as described
+        self._by_key = Index()  # key -> its names in found
+        self._first: dict[str, Key] = {}  # name -> the device first seen there
+        self._said: dict[str, Verdict] = {}  # name -> the verdict last logged, when not offered
+        self._listed: set[Key] = set()  # keys it lists in the ledger
         self._scan_seq = 0  # rescans begun
         self._published_seq = 0  # the latest-begun rescan published
-        self._during_scan: set[str] = set()  # paths events named while a rescan ran
-        # Keeps devices the host uses out, unless the resource allows them
-        # (None: no such screen).
-        self.guard = guard
-        # What it finds (screened for host use) before the node-wide ledger
-        # rules on each device (ownership.py); the inventory holds the rulings.
-        self.found: dict[str, Device] = dict(inventory.by_path)
-        self._found_by_key = Index()  # key -> the paths found for it
-        self._kept_back: dict[str, str] = {}  # path -> why, for paths left out here
-        for device in inventory.by_path.values():
-            self._identity[device.path] = (device.major, device.minor)
-            self._found_by_key.add(device.key, device.path)
-        self.ledger = ledger
+        self.detached = False  # no longer served: publishes nothing more
+        # what a survey of its changed for the others (the node's other trackers)
+        self._on_survey = on_survey
         if ledger is not None:
-            ledger.attach(resource.name, self.regate)
+            ledger.attach(self)  # until a Plugin speaks for it
+
+    # --- rescans --------------------------------------------------------------
 
     async def rescan(self, resource: ResourceConfig | None = None) -> bool:
-        """Discover everything again; True if the published list changed.
-        With `resource` (a reload), discover under it and put it in force in
-        the same step as the list it found.
+        """Look at everything the resource's patterns reach again; True if
+        the published list changed. With `resource` (a reload), look under
+        it and put it in force in the same step as the list it found.
 
-        The scan (thousands of stat calls, and the host-use screen's reads of
-        sysfs) runs in a worker thread. Events that arrive meanwhile are
-        applied at once, and their paths probed again after the scan is
-        published, since the scan may predate them. Rescans may overlap (an
-        event, SIGHUP, the timer, a config change): one that began before
-        the last published one is dropped, since it saw an older host and
-        maybe an older config."""
+        The glob and the table's survey run in a worker thread. Rescans
+        may overlap (an event, SIGHUP, the timer, a config change): one
+        that began before the last published one is dropped, since it saw
+        an older host and maybe an older config. Names that events brought
+        while it ran are kept: the table has them, fresher."""
         if resource is not None:
             self._wanted = resource  # every rescan begun from now on looks for it
         using = self._wanted
-        self._scans += 1
         self._scan_seq += 1
         began = self._scan_seq
-        try:
-            found, unmatched = await trio.to_thread.run_sync(
-                self._discover, using, dict(self.found)
-            )
-        finally:
-            self._scans -= 1
-        changed = False
-        if began > self._published_seq:
-            self._published_seq = began
-            self.resource = using
-            self._unmatched = {}
-            for device in unmatched:
-                self._unmatched.setdefault((device.major, device.minor), set()).add(device.path)
-            changed = self._publish_scan(found)
-        if self._during_scan and not self._scans:
-            again, self._during_scan = self._during_scan, set()
-            changed |= self._probe(again)
+        paths = await trio.to_thread.run_sync(self._glob, using)
+        # the names it lists now too: one may be gone, with no event to say so
+        changes = await self.table.survey([*paths, *self._mine])
+        if self.detached or began <= self._published_seq:
+            self._follow_others(changes)
+            return False
+        self._published_seq = began
+        self.resource = using
+        wanted_now = {
+            p: k
+            for p in {*paths, *self._mine}
+            if (k := self.table.key_of(p)) is not None and wanted_key(using, p, k)
+        }
+        changed = self._redo(wanted_now, replace_all=True)
+        self._follow_others(changes)
         return changed
 
-    def _discover(
-        self, resource: ResourceConfig, listed: dict[str, Device]
-    ) -> tuple[tuple[Device, ...], list[Device]]:
-        """In a worker thread: what the host has for this resource now, and
-        the nodes left out for their udev properties."""
-        unmatched: list[Device] = []
-        found = discover(resource, self.dev_root, self.sys_root, self.udev, unmatched)
-        if self.guard is not None:
-            found = tuple(self.guard.screen(found, listed, allow=resource.allow_host_used))
-        return found, unmatched
+    def _glob(self, resource: ResourceConfig) -> list[str]:
+        """In a worker thread: the names the resource's patterns reach now."""
+        return [
+            p
+            for p in dict.fromkeys(candidates(resource, self.dev_root, self.sys_root))
+            if not any(gomatch.match(x, p) for x in resource.exclude)
+        ]
 
-    def _publish_scan(self, found: tuple[Device, ...]) -> bool:
-        present = {d.path for d in found}
-        for path in list(self._identity):
-            if path not in present:
-                del self._identity[path]
-        judged = [self._judge(d) for d in found]
-        self._set_found({d.path: d for d in judged}, replace_all=True)
-        ruled = [r for d in judged if (r := self._rule(d)) is not None]
-        changed = self.inventory.publish(ruled)
+    def _follow_others(self, changes: Changes) -> None:
+        """What a survey changed, for the other resources of the node."""
+        if self._on_survey is not None and changes:
+            self._on_survey(changes)
         if self.ledger is not None:
             self.ledger.settle()
-        return changed
 
-    def _set_found(self, changes: dict[str, Device | None], *, replace_all: bool = False) -> None:
-        """Record what was found at these paths (None: nothing), and tell the ledger."""
-        found, by_key = self.found, self._found_by_key
-        if replace_all and found:
-            changes = {**dict.fromkeys(found), **changes}
-        gone, came = [], []
-        for path, device in changes.items():
-            old = found.get(path)
-            if old is not None:
-                if (
-                    device is not None
-                    and old.key == device.key
-                    and old.whole_disk == device.whole_disk
-                ):
-                    found[path] = device  # the same device, in the same place
-                    continue
-                gone.append(old)
-                by_key.discard(old.key, path)
-            if device is None:
-                found.pop(path, None)
-                self._kept_back.pop(path, None)
-                if self.ledger is not None:
-                    self.ledger.forget(self.resource.name, path)
-                continue
-            found[path] = device
-            came.append(device)
-            by_key.add(device.key, path)
-        if self.ledger is not None and (gone or came):
-            self.ledger.change(self.resource.name, gone, came)
-
-    def _rule(self, device: Device) -> Device | None:
-        """The device as advertised: as found, Unhealthy, or left out (None)."""
-        listed = device.path in self.inventory.by_path
-        if self.resource.allocation == "each" and device.has_partitions:
-            why = f"{self.resource.name}: {device.path} is not offered: {EACH_DISK_WITH_PARTITIONS}"
-            if self._kept_back.get(device.path) != why:
-                self._kept_back[device.path] = why
-                log.warning("%s", why)
-            return replace(device, healthy=False) if listed else None
-        if self._kept_back.pop(device.path, None) is not None:
-            log.info("%s: %s is offered again", self.resource.name, device.path)
-        if self.ledger is None:
-            return device
-        return self.ledger.rule(self.resource, device, listed=listed)
-
-    def regate(self, keys: set[tuple[str, int, int]]) -> None:
-        """Rule again on the devices found with these keys (the ledger asks)."""
-        paths = [p for key in keys for p in self._found_by_key.get(key)]
-        if not paths:
-            return
-        self.inventory.update({p: self._rule(self.found[p]) for p in paths})
+    # --- events -----------------------------------------------------------------
 
     def apply(self, events: list[DeviceEvent]) -> bool:
-        """Re-probe the paths these events name; True if the published list
-        changed. Costs what the events touch, not what the resource holds.
-        A listed path is always probed again: it may be gone, whatever the event."""
-        listed = self.found
-        paths: set[str] = set()
-        for event in events:
-            paths.update(
-                p for p in event.paths if p in listed or wanted(self.resource, p, event.subsystem)
-            )
-            if event.number is not None:  # links we list to a node that changed
-                for kind in "bc":
-                    paths.update(self._found_by_key.get((kind, *event.number)))
-                # and names left out for their udev properties, which may now match
-                paths.update(self._unmatched.get(event.number, ()))
-        paths.update(
-            recheck_paths(self.guard, self.found, ((e.subsystem, e.number) for e in events))
-        )
-        if self._scans:
-            # A rescan under new settings may predate a path that only they
-            # want: probe it again once that rescan is published.
-            later = {
-                p
-                for e in events
-                for p in e.paths
-                if self._wanted is not self.resource and wanted(self._wanted, p, e.subsystem)
-            }
-            self._during_scan |= paths | later
-        if not paths:
-            return False
-        return self._probe(paths)
-
-    def _probe(self, paths: set[str]) -> bool:
-        changes: dict[str, Device | None] = {}
-        for path in paths:
-            probed = probe(self.dev_root, path)
-            device = None
-            if probed is not None and wanted_device(self.resource, probed):
-                device = describe(self.resource, probed, self.sys_root, self.udev)
-                unmatched = self._unmatched.setdefault((probed.major, probed.minor), set())
-                if device is None:
-                    unmatched.add(path)  # its properties do not match, yet
-                else:
-                    unmatched.discard(path)
-            if device is None:
-                self._identity.pop(path, None)
-            else:
-                device = self._judge(device)
-            changes[path] = device
-        changes = self._screen(changes)
-        self._set_found(changes)
-        changed = self.inventory.update(
-            {p: self._rule(d) if d is not None else None for p, d in changes.items()}
-        )
+        """A tracker on its own: apply events to its table, then follow them.
+        (In the daemon the supervisor applies a batch to the node's table
+        once, and every tracker follows.)"""
+        changes = apply_events(self.table, events, [self])
+        changed = self.follow(changes)
         if self.ledger is not None:
             self.ledger.settle()
         return changed
 
-    def _screen(self, probed: dict[str, Device | None]) -> dict[str, Device | None]:
-        """Control nodes not named literally, and devices the host uses, stay out."""
-        kept = {
-            path: device
-            if device is None or control_allowed(device, self.resource.include, self.sys_root)
-            else None
-            for path, device in probed.items()
-        }
-        if self.guard is not None:
-            listed = self.found
-            kept = self.guard.screen_changes(kept, listed, allow=self.resource.allow_host_used)
-        for path, device in probed.items():
-            if device is not None and kept[path] is None:  # not listed after all
-                self._identity.pop(path, None)
-        return kept
+    def wants(self, path: str, subsystem: str) -> bool:
+        """Is this a name the resource (or the settings a rescan is looking
+        under) would look at?"""
+        return (
+            path in self._mine
+            or wanted(self.resource, path, subsystem)
+            or (self._wanted is not self.resource and wanted(self._wanted, path, subsystem))
+        )
 
-    def _judge(self, device: Device) -> Device:
-        first = self._identity.setdefault(device.path, (device.major, device.minor))
-        return device if first == (device.major, device.minor) else replace(device, healthy=False)
+    def follow(self, changes: Changes) -> bool:
+        """Rule again on what the table's change touched; True if the
+        published list changed."""
+        if self.detached or not changes:
+            return False
+        redo: dict[str, Key | None] = {}
+        for path in changes.paths:
+            key = self.table.key_of(path)
+            if path in self._mine or (key is not None and self._wants_key(path, key)):
+                redo[path] = key
+        for key in changes.keys:
+            for path in self._paths_of(key):
+                redo[path] = self.table.key_of(path)
+        if not redo:
+            return False
+        return self._redo(redo)
+
+    def _wants_key(self, path: str, key: Key) -> bool:
+        return wanted_key(self.resource, path, key) or (
+            self._wanted is not self.resource and wanted_key(self._wanted, path, key)
+        )
+
+    def _paths_of(self, key: Key) -> tuple[str, ...]:
+        """The names it looks at that reach this device."""
+        found = self._by_key.get(key)
+        if found:
+            return found
+        return tuple(p for p in self.table.names(key) if self._mine.get(p) == key)
+
+    # --- the lists ----------------------------------------------------------------
+
+    def _redo(self, paths: dict[str, Key | None], *, replace_all: bool = False) -> bool:
+        """Describe these names again, list them in the ledger, and publish
+        their verdicts (with replace_all, these are all its names)."""
+        if replace_all:
+            paths = {**dict.fromkeys(self._mine), **paths}
+        found_changes: dict[str, Device | None] = {}
+        touched: set[Key] = set()
+        for path, key in paths.items():
+            old = self._mine.get(path)
+            if old is not None:
+                touched.add(old)
+            if key is None or not self._wants_key(path, key):
+                self._mine.pop(path, None)
+                self._first.pop(path, None)
+                found_changes[path] = None
+                continue
+            self._mine[path] = key
+            self._first.setdefault(path, key)
+            touched.add(key)
+            device = None
+            if properties_ok(self.resource, key, self.table):
+                device = describe(self.resource, key, path, self.table)
+            found_changes[path] = device
+        self._set_found(found_changes)
+        self._list(touched)
+        ids = self._all_mode_ids(touched)
+        rulings = {}
+        for path, device in found_changes.items():
+            if device is not None and device.key in ids:
+                device = replace(device, id=ids[device.key])
+            rulings[path] = self._rule(device)
+        # the other names of a device whose "all"-mode ID changed, too
+        for key in touched:
+            for path in self._by_key.get(key):
+                if path not in rulings:
+                    device = self.found[path]
+                    rulings[path] = self._rule(replace(device, id=ids.get(key, device.id)))
+        if replace_all:
+            gone = [p for p in self.inventory.by_path if p not in self.found]
+            rulings.update(dict.fromkeys(gone))
+        return self.inventory.update(rulings)
+
+    def _set_found(self, changes: dict[str, Device | None]) -> None:
+        for path, device in changes.items():
+            old = self.found.get(path)
+            if old is not None:
+                self._by_key.discard(old.key, path)
+            if device is None:
+                self.found.pop(path, None)
+                self._said.pop(path, None)
+            else:
+                self.found[path] = device
+                self._by_key.add(device.key, path)
+
+    def _list(self, keys: Iterable[Key]) -> None:
+        """The ledger hears which devices it reaches (host use aside)."""
+        if self.ledger is None:
+            return
+        for key in keys:
+            reached = any(
+                literal_only(self.resource, p, key, self.table) is None
+                and (self.resource.allow_host_used or self.table.facts(key).host_use is None)
+                for p in self._by_key.get(key)
+            )
+            if reached and key not in self._listed:
+                self._listed.add(key)
+                self.ledger.add_listing(self.resource.name, key, min(self._by_key.get(key)))
+            elif not reached and key in self._listed:
+                self._listed.discard(key)
+                self.ledger.drop_listing(self.resource.name, key)
+
+    def _all_mode_ids(self, keys: Iterable[Key]) -> dict[Key, str]:
+        """ "all" mode: one ID for every name of a device."""
+        if self.resource.allocation == "each":
+            return {}
+        ids = {}
+        for key in keys:
+            names = self._by_key.get(key)
+            if names:
+                ids[key] = shared_id(names, self.table.facts(key).kernel_name)
+        return ids
+
+    def _rule(self, device: Device | None) -> Device | None:
+        """The device as advertised: as found, Unhealthy, or left out (None)."""
+        if device is None:
+            return None
+        verdict = self.verdict(device)
+        path = device.path
+        said = self._said.get(path)
+        if verdict != said and not (said is None and verdict.offered):
+            name = self.resource.name
+            if verdict.offered:
+                log.info("%s: %s is offered again", name, path)
+                self._said.pop(path, None)
+            else:
+                what = "left out" if verdict.state == LEFT_OUT else "is Unhealthy"
+                log.warning("%s: %s %s: %s", name, path, what, verdict.reason)
+                self._said[path] = verdict
+        if verdict.state == OFFERED:
+            return device
+        if verdict.state == LEFT_OUT:
+            return None
+        return replace(device, healthy=False)
+
+    def verdict(self, device: Device, *, listed: bool | None = None) -> Verdict:
+        """The one verdict (verdict.py) on one of its names, now."""
+        key, path, resource = device.key, device.path, self.resource
+        facts = self.table.facts(key)
+        first = self._first.get(path, key)
+        renumbered = None
+        if first != key:
+            renumbered = (
+                f"it now reaches {describe_key(key)}, not {describe_key(first)}, which the "
+                "kubelet was told of under its ID"
+            )
+        rivals: list[str] = []
+        held = None
+        if self.ledger is not None:
+            rivals = self.ledger.rivals(resource.name, key, path)
+            unit = device.id if resource.allocation == "each" else None
+            blocked = self.ledger.blocking(key, resource, unit)
+            if blocked is not None:
+                held = self.ledger.why_held(key, *blocked)
+        case = Case(
+            literal_only=literal_only(resource, path, key, self.table),
+            named_literally=False,
+            host_use=facts.host_use,
+            allow_host_used=resource.allow_host_used,
+            each=resource.allocation == "each",
+            has_partitions=facts.has_partitions,
+            renumbered=renumbered,
+            rivals=rivals,
+            held=held,
+        )
+        if listed is None:
+            listed = path in self.inventory.by_path
+        return judge(case, listed=listed)
+
+    def left_out(self) -> dict[str, str]:
+        """The names it finds and leaves out, with why (as last logged)."""
+        return {
+            p: v.reason for p, v in self._said.items() if v.state == LEFT_OUT and p in self.found
+        }
+
+    # --- what the ledger asks -------------------------------------------------------
+
+    def regate(self, keys: set[Key]) -> None:
+        """Rule again on the devices it lists with these keys."""
+        if self.detached:
+            return
+        paths = [p for key in keys for p in self._by_key.get(key)]
+        if paths:
+            self.inventory.update({p: self._rule(self._with_id(self.found[p])) for p in paths})
+
+    def _with_id(self, device: Device) -> Device:
+        listed = self.inventory.by_path.get(device.path)
+        return replace(device, id=listed.id) if listed is not None else device
+
+    def keys_of(self, unit: str | None) -> list[Key]:
+        devices = self.inventory.current.devices
+        return sorted({d.key for d in devices if unit is None or d.id == unit})
+
+    def sides_changed(self) -> None:
+        """A "both" resource: what each API holds changed; every stream and
+        the pool see it."""
+        self.inventory.publish(self.inventory.current.devices, force=True)
+
+    def detach(self) -> None:
+        """No longer served: nothing it finds from now on is published or listed."""
+        self.detached = True
+        if self.ledger is not None:
+            self.ledger.detach(self.resource.name)
+
+
+def apply_events(
+    table: DeviceTable, events: list[DeviceEvent], trackers: Iterable[Tracker]
+) -> Changes:
+    """Apply a batch of device events to the node's table, once: look again
+    at the names the events give that any resource wants or the table
+    knows, and at the names of the devices they number; read sysfs again
+    for the devices they touch (for a block device, every device joined to
+    it)."""
+    trackers = list(trackers)
+    paths: set[str] = set()
+    block: list[tuple[int, int] | None] = []
+    char: list[tuple[int, int]] = []
+    for event in events:
+        for path in event.paths:
+            if table.knows(path) or any(t.wants(path, event.subsystem) for t in trackers):
+                paths.add(path)
+        if event.number is not None:
+            for kind in "bc":
+                paths.update(table.names((kind, *event.number)))
+        if event.subsystem == "block":
+            block.append(event.number)
+        elif event.number is not None:
+            char.append(event.number)
+    changes = table.look(paths)
+    changes |= table.touched(e.number for e in events if e.number is not None)
+    if block:
+        changes |= table.device_changed("b", block)
+    if char:
+        changes |= table.device_changed("c", char)
+    return changes

@@ -19,7 +19,14 @@ from powerdev.devtools.fake_kubelet import FakeKubelet
 from powerdev.ops import metrics, oplog, opsserver
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginCallError
-from tests.conftest import ChannelEvents, config_for, daemon_and_kubelet, host_safe, make_dev_tree
+from tests.conftest import (
+    ChannelEvents,
+    config_for,
+    daemon_and_kubelet,
+    host_safe,
+    make_dev_tree,
+    needs_root,
+)
 
 LIMIT = 20
 
@@ -312,6 +319,7 @@ def test_a_bad_or_taken_address_is_one_clear_error():
             opsserver.listen(address)
 
 
+@needs_root  # distinct devices (mknod): every name of one device is one unit
 async def test_every_device_event_batch_and_rescan_is_counted(tmp_path):
     dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
     name = "example.com/ops-events"
@@ -321,10 +329,10 @@ async def test_every_device_event_batch_and_rescan_is_counted(tmp_path):
         async with daemon_and_kubelet(tmp_path, config, dev_root=dev, events=events) as h:
             before_batches = counted("powerdev_device_event_batches_total", source="other")
             before_rescans = counted("powerdev_rescans_total", resource=name, cause="event")
-            (dev / "dm-1").symlink_to("/dev/null")
+            make_dev_tree(dev, ["dm-1"])
             events.send.send_nowait(DeviceEvent("add", ("/dev/dm-1",), "block"))
             await h.kubelet.wait_until(lambda k: k.resources[name].capacity == 2)
-            (dev / "dm-2").symlink_to("/dev/null")  # found by the rescan only
+            make_dev_tree(dev, ["dm-2"])  # found by the rescan only
             events.send.send_nowait("rescan")
             await h.kubelet.wait_until(lambda k: k.resources[name].capacity == 3)
             assert counted("powerdev_rescans_total", resource=name, cause="event") == (

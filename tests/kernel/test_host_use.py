@@ -17,8 +17,8 @@ import trio
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.hostuse_events import HostUseEvents
-from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.table import HostFiles
 from powerdev.devtools.testing import FIRST_LOOP, LOOP_PATTERN, LoopControl, bound, loop_control
 from powerdev.resources.tracker import Tracker
 from tests.conftest import config_for, daemon_and_kubelet, needs_root
@@ -95,7 +95,7 @@ def three_loops(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 
 def guarded_tracker(**fields: object) -> Tracker:
     resource = ResourceConfig(include=(LOOP_PATTERN,), **fields)  # type: ignore[arg-type]
-    return Tracker(resource, Inventory(), DEV, SYS, guard=HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS))
+    return Tracker(resource, Inventory(), DEV, SYS, host=HostFiles(MOUNTINFO, SWAPS))
 
 
 def listed(tracker: Tracker) -> dict[str, bool]:
@@ -109,10 +109,13 @@ async def test_mounted_and_swap_devices_are_left_out_and_come_back(tmp_path):
             tracker = guarded_tracker()
             await tracker.rescan()
             assert listed(tracker) == {free: True}
-            assert tracker.guard.left_out == {fs: f"mounted at {where}", swap: "active swap"}
+            assert tracker.left_out() == {
+                fs: f"the host uses it: mounted at {where}",
+                swap: "the host uses it: active swap",
+            }
         await tracker.rescan()
         assert listed(tracker) == {fs: True, swap: True, free: True}
-        assert tracker.guard.left_out == {}
+        assert tracker.left_out() == {}
         with mounted_at(free, where):
             await tracker.rescan()
             assert listed(tracker) == {fs: True, swap: True, free: False}
@@ -129,9 +132,9 @@ async def test_allowed_resources_list_devices_in_use(tmp_path):
 
 
 async def test_the_daemon_follows_mounts_and_swap_without_polling(tmp_path):
-    """The daemon's wiring: each resource's tracker has a guard (the supervisor gives
-    it one, reading this process's mount table by default), and the
-    mount/swap event source wakes it."""
+    """The daemon's wiring: the node's device table reads the host's use of
+    its devices (this process's mount table by default), and the mount and
+    swap event source wakes it."""
     config = config_for(f'{{"include-devices": ["{LOOP_PATTERN}"]}}')
     where = tmp_path / "mnt"
     with three_loops(tmp_path) as (fs, swap, free), trio.fail_after(LIMIT):

@@ -22,8 +22,8 @@ import trio
 from powerdev.config import ResourceConfig
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.hostuse_events import HostUseEvents
-from powerdev.devices.inuse import HostUseGuard, recheck_paths
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.table import HostFiles
 from powerdev.devtools.testing import LoopControl
 from powerdev.ops import scan
 from powerdev.resources.allocation import AllocationRefused, check_request, grant, units
@@ -118,12 +118,12 @@ def mounted(node: str, where: Path, *options: str) -> Iterator[Mount]:
         mount.unmount()
 
 
-def guard() -> HostUseGuard:
-    return HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS)
+def host() -> HostFiles:
+    return HostFiles(MOUNTINFO, SWAPS)
 
 
 def guarded_tracker() -> Tracker:
-    return Tracker(ResourceConfig(include=(PATTERN,)), Inventory(), DEV, SYS, guard=guard())
+    return Tracker(ResourceConfig(include=(PATTERN,)), Inventory(), DEV, SYS, host=host())
 
 
 def listed(tracker: Tracker) -> dict[str, bool]:
@@ -140,7 +140,7 @@ async def fresh_screen() -> Tracker:
 def scan_reasons() -> dict[str, str]:
     """`powerdev scan`'s left-out lines for these loop devices."""
     config = config_for(f'{{"include-devices": ["{PATTERN}"]}}')
-    (report,) = scan.scan(config, DEV, SYS, None, guard())
+    (report,) = scan.scan(config, DEV, SYS, None, host())
     return dict(report.left_out)
 
 
@@ -148,7 +148,7 @@ async def assert_left_out(expected: dict[str, str]) -> Tracker:
     """A fresh rescan leaves out exactly these, with these reasons, and so
     does `powerdev scan`."""
     tracker = await fresh_screen()
-    assert tracker.guard.left_out == expected
+    assert tracker.left_out() == {p: f"the host uses it: {why}" for p, why in expected.items()}
     assert not set(expected) & set(listed(tracker))
     assert scan_reasons() == {path: f"the host uses it: {why}" for path, why in expected.items()}
     return tracker
@@ -202,7 +202,8 @@ async def test_a_mounted_partition_keeps_its_disk_and_its_neighbours_out(tmp_pat
             mount.unmount()
             await tracker.rescan()
             assert listed(tracker) == {disk: True, boot: True, root: True}
-            fresh.apply([DeviceEvent("change", (boot,), "block", number_of(boot))])
+            # what the mount table's change flag brings in the daemon (HOST_USE)
+            fresh.follow(fresh.table.host_tables_changed())
             assert listed(fresh) == {disk: True, boot: True, root: True}
             await assert_left_out({})
 
@@ -381,8 +382,8 @@ async def test_a_holder_that_comes_and_goes_is_seen_by_its_event_alone(tmp_path)
         # held by the outer one: Unhealthy; the outer one is free to grant
         assert listed(tracker) == {inner: False, bystander: True, outer: True}
         # what the next event of the outer one looks at again: not the bystander
-        touched = recheck_paths(tracker.guard, tracker.found, [("block", number)])
-        assert touched == {inner, outer}
+        touched = tracker.table.joined_to([number])
+        assert touched == {tracker.table.key_of(inner), tracker.table.key_of(outer)}
         run("losetup", "--detach", outer)
         tracker.apply([DeviceEvent("change", (outer,), "block", number)])
         assert listed(tracker) == {inner: True, bystander: True, outer: True}

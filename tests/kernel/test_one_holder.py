@@ -16,11 +16,12 @@ import trio
 from powerdev.config import DEFAULT_RESOURCE_NAME as NAME
 from powerdev.config import ResourceConfig
 from powerdev.devices.identity import identity_id
-from powerdev.devices.inuse import HostUseGuard
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.table import HostFiles
 from powerdev.ops import scan
 from powerdev.resources.ownership import find_overlap
-from powerdev.resources.tracker import EACH_DISK_WITH_PARTITIONS, Tracker
+from powerdev.resources.tracker import Tracker
+from powerdev.resources.verdict import EACH_DISK_WITH_PARTITIONS
 from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command
 from tests.kernel.test_host_use_topology import (
     DEV,
@@ -47,16 +48,16 @@ async def test_each_offers_a_partitioned_disk_as_its_partitions_only(tmp_path):
     with trio.fail_after(LIMIT), loop_devices() as loops:
         disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
         resource = ResourceConfig(include=(f"{disk}*",), allocation="each")
-        guard = HostUseGuard(DEV, SYS, MOUNTINFO, SWAPS)
-        tracker = Tracker(resource, Inventory(), DEV, SYS, guard=guard)
+        host = HostFiles(MOUNTINFO, SWAPS)
+        tracker = Tracker(resource, Inventory(), DEV, SYS, host=host)
         await tracker.rescan()
         listed = {d.path: d.healthy for d in tracker.inventory.current.devices}
         assert listed == {f"{disk}p1": True, f"{disk}p2": True}
         config = config_for(f'{{"include-devices": ["{disk}*"], "allocation": "each"}}')
-        (report,) = scan.scan(config, DEV, SYS, None, guard)
+        (report,) = scan.scan(config, DEV, SYS, None, host)
         assert dict(report.left_out) == {disk: EACH_DISK_WITH_PARTITIONS}  # scan says so too
         # "all" mode hands every device to every holder anyway: the disk stays
-        shared = Tracker(ResourceConfig(include=(f"{disk}*",)), Inventory(), DEV, SYS, guard=guard)
+        shared = Tracker(ResourceConfig(include=(f"{disk}*",)), Inventory(), DEV, SYS, host=host)
         await shared.rescan()
         assert {d.path for d in shared.inventory.current.devices} == {
             disk,

@@ -19,8 +19,8 @@ from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.names import pool_name
 from powerdev.resources.allocation import AllocationRefused
-from powerdev.resources.ownership import Ledger
-from powerdev.resources.plugin import GRANT_SETTLES, Plugin
+from powerdev.resources.ownership import GRANT_SETTLES, Ledger
+from powerdev.resources.plugin import Plugin
 
 DRIVER, NODE, RESOURCE = "dra.powerdev.io", "n1", "example.com/lun"
 POOL = pool_name(NODE, RESOURCE)
@@ -51,13 +51,30 @@ class Api:
 
 def both(tmp_path, api: str = "both") -> tuple[Plugin, Claims]:
     resource = ResourceConfig(name=RESOURCE, api=api, allocation="each")
+    ledger = Ledger()
     plugin = Plugin(
-        resource, Inventory([device("u1", 16), device("u2", 32)]), refresh=None, spec=None
+        resource,
+        Inventory([device("u1", 16), device("u2", 32)]),
+        refresh=None,
+        spec=None,
+        ledger=ledger,
     )
     claims = Claims(
-        DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state", Ledger()
+        DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state", ledger
     )
     return plugin, claims
+
+
+def kubelet_says(plugin: Plugin, held: set[str]) -> None:
+    """The kubelet's PodResources answer, to an ask begun now."""
+    assert plugin.ledger is not None
+    plugin.ledger.answered({RESOURCE: held}, trio.current_time())
+
+
+def waits_under(claims: Claims, resource: ResourceConfig, device: Device) -> bool:
+    """Does a holder other than (resource, its unit) hold the device?"""
+    assert claims.ledger is not None
+    return claims.ledger.blocking(device.key, resource, device.id) is not None
 
 
 def health(plugin: Plugin) -> dict[str, bool]:
@@ -75,7 +92,7 @@ def clock():
 
 async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepared(tmp_path):
     plugin, claims = both(tmp_path)
-    plugin.pods_hold(set(), trio.current_time())  # the kubelet: no pod holds anything
+    kubelet_says(plugin, set())  # no pod holds anything
     ref = claims.api.allocate("c1", "uid-1", "u1")
     version = plugin.inventory.current.version
 
@@ -89,18 +106,17 @@ async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepar
     # A restarted daemon knows it from the checkpoint before the resource serves.
     again_plugin, again = both(tmp_path)
     again.load()
-    again.tell(again_plugin)
     assert health(again_plugin) == {"u1": False, "u2": True}
 
     # The ledger knows too: under the device plugin API alone (a reload that
     # changed "api") the device waits until the claim is unprepared.
     moved = ResourceConfig(name=RESOURCE, allocation="each")
     u1 = plugin.inventory.current.devices[0]
-    assert not claims.ledger.rule(moved, u1, listed=True).healthy
+    assert waits_under(claims, moved, u1)
 
     await claims.unprepare(ref)
     assert health(plugin) == {"u1": True, "u2": True}
-    assert claims.ledger.rule(moved, u1, listed=True) == u1
+    assert not waits_under(claims, moved, u1)
     plugin.allocate([["u1"]])
 
 
@@ -110,7 +126,7 @@ async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_
     with pytest.raises(PrepareError, match="has not said yet"):
         await claims.prepare(claims.api.allocate("c0", "uid-0", "u2"))
 
-    plugin.pods_hold(set(), trio.current_time())
+    kubelet_says(plugin, set())
     plugin.allocate([["u1"]])
     granted_at = trio.current_time()
     assert offered(plugin) == ["u2"]
@@ -119,14 +135,14 @@ async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_
 
     # An answer to an ask begun before the grant settled cannot free it ...
     await trio.sleep(GRANT_SETTLES / 2)
-    plugin.pods_hold(set(), trio.current_time())
+    kubelet_says(plugin, set())
     assert offered(plugin) == ["u2"]
     # ... nor one that says a pod holds it ...
     await trio.sleep(GRANT_SETTLES)
-    plugin.pods_hold({"u1"}, trio.current_time())
+    kubelet_says(plugin, {"u1"})
     assert offered(plugin) == ["u2"]
     # ... the first later answer without it does.
-    plugin.pods_hold(set(), trio.current_time())
+    kubelet_says(plugin, set())
     assert trio.current_time() - granted_at > GRANT_SETTLES
     assert offered(plugin) == ["u1", "u2"]
     (prepared,) = await claims.prepare(claims.api.allocate("c2", "uid-2", "u1"))
@@ -135,17 +151,36 @@ async def test_a_unit_allocate_handed_out_returns_to_dra_only_when_no_pod_holds_
 
 async def test_what_pods_held_before_the_daemon_started_stays_out_of_dra(tmp_path):
     plugin, _ = both(tmp_path)
-    plugin.pods_hold({"u2"}, trio.current_time())
+    kubelet_says(plugin, {"u2"})
     assert offered(plugin) == ["u1"]
     assert plugin.held_by_pods == {"u2"}
+
+
+async def test_a_unit_the_kubelet_lists_again_after_a_lagging_answer_leaves_dra_again(
+    tmp_path, clock
+):
+    """An answer that lagged behind a grant dropped it; the next one lists it
+    held: it is withdrawn from what DRA offers again."""
+    plugin, _ = both(tmp_path)
+    kubelet_says(plugin, set())
+    plugin.allocate([["u1"]])
+    await trio.sleep(GRANT_SETTLES * 2)
+    kubelet_says(plugin, set())  # lagging: the grant is not in it yet
+    assert offered(plugin) == ["u1", "u2"]
+    version = plugin.inventory.current.version
+    kubelet_says(plugin, {"u1"})
+    assert offered(plugin) == ["u2"]
+    assert plugin.inventory.current.version > version  # the pool publishes again
 
 
 async def test_resources_on_one_api_are_not_touched(tmp_path):
     for api in ("dra", "device-plugin"):
         plugin, _ = both(tmp_path / api, api)
         assert offered(plugin) == ["u1", "u2"]  # no kubelet answer needed
-        plugin.claimed({"u1"})
-        assert health(plugin) == {"u1": True, "u2": True}
+        assert plugin.ledger is not None
+        plugin.ledger.claimed(RESOURCE, "u1", [("b", 8, 16)], "uid-1")
+        assert health(plugin) == {"u1": True, "u2": True}  # no side split: one API
+        plugin.ledger.unclaimed("uid-1")
         plugin.allocate([["u1"]])
         assert offered(plugin) == ["u1", "u2"]
 
@@ -174,7 +209,7 @@ async def test_a_claim_whose_checkpoint_cannot_be_written_is_not_prepared(tmp_pa
     assert not claims.spec_path("uid-1").exists()
     moved = ResourceConfig(name=RESOURCE, allocation="each")
     u1 = plugin.inventory.current.devices[0]
-    assert claims.ledger.rule(moved, u1, listed=True) == u1  # nobody was told
+    assert not waits_under(claims, moved, u1)  # nobody was told
     claims.state_dir.unlink()
     await claims.prepare(claims.api.allocate("c1", "uid-1", "u1"))  # the kubelet's retry
     assert json.loads(claims.checkpoint_path.read_text())["claims"].keys() == {"uid-1"}

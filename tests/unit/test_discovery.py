@@ -1,7 +1,8 @@
 """Device matching and discovery over temp trees (links to /dev/null are real
-character devices, so no root is needed here)."""
+character devices, so no root is needed here, but for block nodes)."""
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.discovery import block_candidates, matches, probe
 from powerdev.devices.model import device_id
 from powerdev.resources.matching import discover
-from tests.conftest import make_dev_tree
+from tests.conftest import make_dev_tree, needs_root
 
 
 @pytest.mark.parametrize(
@@ -120,8 +121,15 @@ def test_block_discovery_lists_disks_partitions_and_dm_but_not_ram_or_loop(tmp_p
     assert block_candidates(tmp_path / "no-sys") == []
 
 
-def test_block_discovery_keeps_only_existing_device_nodes_minus_excludes(tmp_path):
-    sys_root = _sys_block(tmp_path / "sys", {"sda": "sda", "sdb": "sdb", "sdc": "sdc"})
-    dev = make_dev_tree(tmp_path / "dev", ["sda", "sdb"])  # sdc has no node
+@needs_root
+def test_block_discovery_keeps_only_existing_block_nodes_minus_excludes(tmp_path):
+    sys_root = _sys_block(
+        tmp_path / "sys", {"sda": "sda", "sdb": "sdb", "sdc": "sdc", "sdd": "sdd"}
+    )
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for minor, name in enumerate(["sda", "sdb"]):  # sdc has no node
+        os.mknod(dev / name, stat.S_IFBLK | 0o600, os.makedev(8, minor * 16))
+    (dev / "sdd").symlink_to("/dev/null")  # a character node where a disk should be
     found = discover(ResourceConfig(exclude=("/dev/sdb",)), dev, sys_root)
     assert [d.path for d in found] == ["/dev/sda"]

@@ -4,22 +4,18 @@ control-node rule."""
 
 import logging
 import os
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
 from powerdev.config import ResourceConfig
-from powerdev.devices import special
-from powerdev.devices.discovery import control_allowed
-from powerdev.devices.events import DeviceEvent
 from powerdev.devices.inuse import (
     BlockTopology,
     HostUse,
-    HostUseGuard,
     direct_use,
     mounted,
-    recheck_paths,
     swap_files,
     swapping,
     sysfs_mounted,
@@ -27,9 +23,10 @@ from powerdev.devices.inuse import (
 )
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
+from powerdev.devices.table import DeviceTable, HostFiles
 from powerdev.resources.matching import discover
 from powerdev.resources.tracker import Tracker
-from tests.conftest import make_dev_tree, needs_root
+from tests.conftest import needs_root
 
 MOUNTINFO = """\
 22 1 0:21 / /proc rw,relatime - proc proc rw
@@ -403,142 +400,85 @@ def test_patterns_that_reach_a_host_disk_through_an_alias_are_screened(tmp_path)
     os.mknod(dev / "sdx1", stat.S_IFBLK | 0o600, os.makedev(8, 241))
     (tmp_path / "mountinfo").write_text("30 29 8:241 / /boot rw - xfs /dev/sdx1 rw\n")
     (tmp_path / "swaps").write_text(NO_SWAPS)
-    guard = HostUseGuard(dev, sys_root, tmp_path / "mountinfo", tmp_path / "swaps")
+    host = HostFiles(tmp_path / "mountinfo", tmp_path / "swaps")
+    table = DeviceTable(dev, sys_root, host=host)
     resource = ResourceConfig(include=("/dev/sg*", "/dev/bsg/*", "/dev/ng*", "/dev/nvme*"))
-    tracker = Tracker(resource, Inventory(), dev, sys_root, guard=guard)
-    kept = guard.screen(discover(resource, dev, sys_root), {}, allow=False)
-    assert sorted(d.path for d in kept) == [
-        "/dev/ng0n1",
-        "/dev/ng0n2",
-        "/dev/ng1n1",
-        "/dev/ng2n1",
-        "/dev/nvme0",
-    ]
-    assert guard.left_out == {
+    paths = [d.path for d in discover(resource, dev, sys_root)]
+    table.look(paths)
+    used = {p: why for p in paths if (why := table.facts(table.key_of(p)).host_use)}
+    assert used == {
         "/dev/sg0": "an alias of sdx, which is the whole disk of sdx1, which is mounted at /boot",
         "/dev/bsg/0:0:0:0": "an alias of sdx, which is the whole disk of sdx1, "
         "which is mounted at /boot",
     }
-    # a block event looks again at what is joined to its device: the
-    # aliases of sdx for its partition sdx1, not the NVMe devices
-    listed = {d.path: d for d in kept}
-    assert recheck_paths(guard, listed, [("block", (8, 241))]) == set(guard.left_out)
-    # one without a number (a directory event) at everything; others at nothing
-    everything = set(listed) | set(guard.left_out)
-    assert recheck_paths(guard, listed, [("block", None)]) == everything
-    assert recheck_paths(guard, listed, [("misc", (10, 1))]) == set()
-    assert tracker.guard is guard
+    # a block event reads again what is joined to its device: the aliases
+    # of sdx for its partition sdx1 (gone: a new partition table), not the
+    # NVMe devices
+    part = sys_root / "class" / "block" / "sdx1"
+    shutil.rmtree(part.resolve())
+    part.unlink()
+    (sys_root / "dev" / "block" / "8:241").unlink()
+    changed = table.device_changed("b", [(8, 241)])
+    assert changed.keys == {("c", 21, 0), ("c", 248, 0)}
+    assert all(table.facts(table.key_of(p)).host_use is None for p in paths)
+    # a character event reads only that device again
+    assert table.device_changed("c", [(10, 1)]).keys == set()
 
 
 def block(path, major, minor, healthy=True):
     return Device(path.removeprefix("/dev/").replace("/", "."), path, "b", major, minor, healthy)
 
 
-def guard_for(tmp_path, mountinfo_text=MOUNTINFO, swaps_text=""):
+def table_for(tmp_path, mountinfo_text=MOUNTINFO, swaps_text=""):
     (tmp_path / "mountinfo").write_text(mountinfo_text)
     (tmp_path / "swaps").write_text(swaps_text or "Filename Type Size Used Priority\n")
     sys_root = sysfs(tmp_path / "sys", TREE)
-    return HostUseGuard(tmp_path / "dev", sys_root, tmp_path / "mountinfo", tmp_path / "swaps")
+    host = HostFiles(tmp_path / "mountinfo", tmp_path / "swaps")
+    return DeviceTable(tmp_path / "dev", sys_root, host=host)
 
 
-def test_devices_in_use_are_left_out_and_logged(tmp_path, caplog):
-    guard = guard_for(tmp_path)
-    found = [block("/dev/dm-0", 253, 0), block("/dev/dm-4", 253, 4), block("/dev/sda", 8, 0)]
-    with caplog.at_level(logging.WARNING):
-        kept = guard.screen(found, {}, allow=False)
-    assert [d.path for d in kept] == ["/dev/dm-4"]
-    assert guard.left_out == {
-        "/dev/dm-0": "mounted at /",
-        "/dev/sda": "the whole disk of sda1, which is mounted at /boot",
+def host_use(table, *keys):
+    return {key: table.facts(key).host_use for key in keys}
+
+
+def test_devices_in_use_are_known_to_the_table_with_why(tmp_path):
+    table = table_for(tmp_path)
+    assert host_use(table, ("b", 253, 0), ("b", 253, 4), ("b", 8, 0)) == {
+        ("b", 253, 0): "mounted at /",
+        ("b", 253, 4): None,
+        ("b", 8, 0): "the whole disk of sda1, which is mounted at /boot",
     }
-    assert "/dev/dm-0 left out: the host uses it (mounted at /)" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        guard.screen(found, {}, allow=False)
-    assert caplog.text == ""  # logged once, not on every rescan
-
-
-def test_a_resource_may_allow_devices_in_use(tmp_path):
-    guard = guard_for(tmp_path)
-    found = [block("/dev/dm-0", 253, 0), block("/dev/dm-4", 253, 4)]
-    assert guard.screen(found, {}, allow=True) == found
 
 
 def test_character_devices_that_reach_no_disk_are_not_judged(tmp_path):
-    guard = guard_for(tmp_path)
-    nx = Device("crypto.nx-gzip", "/dev/crypto/nx-gzip", "c", 253, 0)  # same numbers as dm-0
-    assert guard.screen([nx], {}, allow=False) == [nx]
+    table = table_for(tmp_path)
+    assert host_use(table, ("c", 253, 0)) == {("c", 253, 0): None}  # the numbers of dm-0
 
 
-def test_listed_device_the_host_starts_using_turns_unhealthy_then_back(tmp_path):
-    guard = guard_for(tmp_path, mountinfo_text="")
-    dm4 = block("/dev/dm-4", 253, 4)
-    assert guard.screen([dm4], {}, allow=False) == [dm4]
+def test_a_mount_change_reads_again_only_the_devices_joined_to_it(tmp_path):
+    table = table_for(tmp_path, mountinfo_text="")
+    for key in (("b", 253, 4), ("b", 253, 3), ("b", 8, 144), ("b", 253, 0)):
+        table._names[key] = {f"/dev/{key[1]}-{key[2]}"}  # as if a look had named it
+        table.facts(key)
+    assert host_use(table, ("b", 253, 4)) == {("b", 253, 4): None}
     (tmp_path / "mountinfo").write_text("40 29 253:4 / /srv rw - ext4 /dev/dm-4 rw\n")
-    (sick,) = guard.screen([dm4], {dm4.path: dm4}, allow=False)
-    assert sick == block("/dev/dm-4", 253, 4, healthy=False)
+    changed = table.host_tables_changed()
+    # dm-4 and the multipath disk it is a partition of; not sdj, not the root LV
+    assert changed.keys == {("b", 253, 4), ("b", 253, 3)}
+    assert table.facts(("b", 253, 4)).host_use == "mounted at /srv"
     (tmp_path / "mountinfo").write_text("")
-    assert guard.screen([dm4], {dm4.path: sick}, allow=False) == [dm4]
-
-
-def test_a_device_left_out_comes_back_when_the_host_lets_go(tmp_path):
-    guard = guard_for(tmp_path)
-    root = block("/dev/dm-0", 253, 0)
-    assert guard.screen([root], {}, allow=False) == []
-    (tmp_path / "mountinfo").write_text("")
-    assert guard.screen([root], {}, allow=False) == [root]
-    assert guard.left_out == {}
+    assert table.host_tables_changed().keys == {("b", 253, 4), ("b", 253, 3)}
+    assert table.facts(("b", 253, 4)).host_use is None
+    (tmp_path / "mountinfo").write_text("41 29 0:50 / /run rw - tmpfs tmpfs rw\n")
+    assert not table.host_tables_changed()  # a mount of no device: nothing to look at
 
 
 def test_an_unreadable_mount_table_is_logged_not_fatal(tmp_path, caplog):
     sys_root = sysfs(tmp_path / "sys", TREE)
-    guard = HostUseGuard(tmp_path, sys_root, tmp_path / "missing", None)
+    table = DeviceTable(tmp_path, sys_root, host=HostFiles(tmp_path / "missing", None))
     with caplog.at_level(logging.WARNING):
-        kept = guard.screen([block("/dev/sdd", 8, 48)], {}, allow=False)
-    assert kept == []  # holders still count
+        assert table.facts(("b", 8, 48)).host_use == "held by dm-3"  # holders still count
     assert "cannot read" in caplog.text and "missing" in caplog.text
-
-
-# --- control nodes -----------------------------------------------------------
-
-
-def test_wildcards_never_grant_control_nodes(tmp_path):
-    dev = make_dev_tree(tmp_path / "dev", ["loop0", "loop1", "loop-control", "mapper/control"])
-    wide = ResourceConfig(include=("/dev/loop*", "/dev/mapper/*"))
-    assert [d.path for d in discover(wide, dev, tmp_path / "sys")] == ["/dev/loop0", "/dev/loop1"]
-    literal = ResourceConfig(include=("/dev/loop*", "/dev/loop-control"))
-    assert [d.path for d in discover(literal, dev, tmp_path / "sys")] == [
-        "/dev/loop-control",
-        "/dev/loop0",
-        "/dev/loop1",
-    ]
-
-
-def test_control_nodes_are_known_by_their_kernel_name_too(tmp_path):
-    # any name that is the loop-control device (a misc device, by its numbers in sysfs) counts
-    sys_root = tmp_path / "sys"
-    (sys_root / "devices" / "virtual" / "misc" / "loop-control").mkdir(parents=True)
-    (sys_root / "dev" / "char").mkdir(parents=True)
-    (sys_root / "dev" / "char" / "10:237").symlink_to("../../devices/virtual/misc/loop-control")
-    odd = Device("odd", "/dev/odd", "c", 10, 237)
-    assert special.by_number("c", 10, 237, sys_root) == special.CONTROL
-    assert not control_allowed(odd, ["/dev/o*"], sys_root)
-    assert control_allowed(odd, ["/dev/odd"], sys_root)
-    assert special.by_number("b", 10, 237, sys_root) is None
-
-
-async def test_events_never_list_a_control_node(tmp_path):
-    dev = make_dev_tree(tmp_path / "dev", ["loop0"])
-    t = Tracker(ResourceConfig(include=("/dev/loop*",)), Inventory(), dev, tmp_path / "sys")
-    await t.rescan()
-    (dev / "loop-control").symlink_to("/dev/null")
-    (dev / "loop1").symlink_to("/dev/null")
-    events = [
-        DeviceEvent("add", ("/dev/loop-control",), "misc"),
-        DeviceEvent("add", ("/dev/loop1",), "block"),
-    ]
-    assert t.apply(events) is True
-    assert sorted(t.inventory.by_path) == ["/dev/loop0", "/dev/loop1"]
 
 
 @needs_root
@@ -580,8 +520,8 @@ def test_mounted_filesystems_are_seen_in_sysfs_alone(tmp_path):
         (253, 2): "a mounted xfs filesystem",
         (252, 16): "in a mounted btrfs filesystem",
     }
-    guard = HostUseGuard(tmp_path / "dev", sys_root, None, None)
-    assert guard.screen([block("/dev/dm-2", 253, 2)], {}, allow=False) == []
+    table = DeviceTable(tmp_path / "dev", sys_root, host=HostFiles(None, None))
+    assert table.facts(("b", 253, 2)).host_use == "a mounted xfs filesystem"
 
 
 def live_ext4(tmp_path: Path) -> Path:
@@ -604,30 +544,44 @@ def test_while_a_swap_file_is_active_every_live_filesystem_counts(tmp_path):
     assert found[(8, 16)] == "mounted at /mnt/with space"  # the table still says it first
 
 
-def test_the_guard_reads_swap_files_and_external_journals(tmp_path):
-    guard = guard_for(tmp_path, swaps_text=SWAPS)
-    live_ext4_root = guard.sys_root
-    (live_ext4_root / "fs" / "ext4" / "sdj").mkdir(parents=True)
+def test_the_table_reads_swap_files_and_external_journals(tmp_path):
+    table = table_for(tmp_path, swaps_text=SWAPS)
+    (table.sys_root / "fs" / "ext4" / "sdj").mkdir(parents=True)
     jbd2 = tmp_path / "fs" / "jbd2"  # beside the swaps file, as /proc/fs/jbd2 is
     for entry in ("sdi", "sda1-8", "dm-0-8"):
         (jbd2 / entry).mkdir(parents=True)
-    found = [block("/dev/sdi", 8, 128), block("/dev/sdj", 8, 144), block("/dev/dm-4", 253, 4)]
-    assert guard.screen(found, {}, allow=False) == [block("/dev/dm-4", 253, 4)]
-    assert guard.left_out["/dev/sdi"] == "the external journal (jbd2) of a mounted filesystem"
-    assert guard.left_out["/dev/sdj"].startswith("under a live ext4 filesystem")
+    found = host_use(table, ("b", 8, 128), ("b", 8, 144), ("b", 253, 4))
+    assert found[("b", 8, 128)] == "the external journal (jbd2) of a mounted filesystem"
+    assert found[("b", 8, 144)].startswith("under a live ext4 filesystem")
+    assert found[("b", 253, 4)] is None
 
 
-def test_scan_and_the_daemon_give_the_same_reasons(tmp_path):
+@needs_root
+async def test_scan_and_the_daemon_give_the_same_reasons(tmp_path, caplog):
+    """One verdict: what `powerdev scan` says of a device and what the
+    daemon logs of it are the same words."""
     from powerdev.ops import scan
     from tests.conftest import config_for
 
-    guard = guard_for(tmp_path)
-    dev = make_dev_tree(tmp_path / "dev", ["sg0"])
-    config = config_for('{"include-devices": ["/dev/sg0"]}')
-    # sg0 is a link to /dev/null here: no disk behind it, so it is advertised
-    (report,) = scan.scan(config, dev, guard.sys_root, None, guard)
-    assert [d.path for d in report.advertised] == ["/dev/sg0"]
-    assert report.left_out == []
+    table = table_for(tmp_path)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(dev / "sda", stat.S_IFBLK | 0o600, os.makedev(8, 0))
+    os.mknod(dev / "dm-4", stat.S_IFBLK | 0o600, os.makedev(253, 4))
+    (dev / "sg0").symlink_to("/dev/null")  # no disk behind it: advertised
+    config = config_for('{"include-devices": ["/dev/sda", "/dev/dm-4", "/dev/sg0"]}')
+    host = table.host
+    (report,) = scan.scan(config, dev, table.sys_root, None, host)
+    assert [d.path for d in report.advertised] == ["/dev/dm-4", "/dev/sg0"]
+    (left_out,) = report.left_out
+    tracker = Tracker(config.resources[0], Inventory(), dev, table.sys_root, host=host)
+    with caplog.at_level(logging.WARNING):
+        await tracker.rescan()
+    assert f"{left_out[0]} left out: {left_out[1]}" in caplog.text
+    assert left_out == (
+        "/dev/sda",
+        "the host uses it: the whole disk of sda1, which is mounted at /boot",
+    )
 
 
 async def test_a_filesystem_alive_after_its_unmount_is_looked_at_again(tmp_path):
@@ -636,8 +590,7 @@ async def test_a_filesystem_alive_after_its_unmount_is_looked_at_again(tmp_path)
     unmount ends), nothing flags it, so the event source looks again."""
     import trio
 
-    from powerdev.devices.hostuse_events import HostUseEvents
-    from powerdev.devices.uevents import RESCAN
+    from powerdev.devices.hostuse_events import HOST_USE, HostUseEvents
 
     sys_root = live_ext4(tmp_path)  # sdj's ext4 is alive, and not in the table
     (tmp_path / "mountinfo").write_text(MOUNTINFO)
@@ -655,7 +608,7 @@ async def test_a_filesystem_alive_after_its_unmount_is_looked_at_again(tmp_path)
         before = events.used
         assert "alive 8:144" in before
         (sys_root / "fs" / "ext4" / "sdj").rmdir()  # the filesystem is gone
-        assert await events.next_batch() == RESCAN
+        assert await events.next_batch() == HOST_USE
         assert events.used == before - {"alive 8:144"}
 
 

@@ -1,89 +1,117 @@
-"""The ledger's rulings as plain data: rivals by kind and numbers, disks and
-partitions, and waits that only an answer asked after them can end."""
+"""The ledger as plain data: who lists each device (one resource per device
+and per family), who holds it (one holder per family, across names, units,
+resources and the two APIs), and holds that only an answer of the kubelet
+asked after the grant settled can end. On a mock clock where time matters."""
 
 from __future__ import annotations
 
+import pytest
+import trio
+import trio.testing
+
 from powerdev.config import ResourceConfig
-from powerdev.devices.model import Device
-from powerdev.resources.ownership import Ledger
+from powerdev.devices.table import DeviceTable
+from powerdev.resources.ownership import DRA, GRANT_SETTLES, Holder, Ledger
+from tests.unit.test_inuse import sysfs
 
 A = ResourceConfig(name="example.com/a", allocation="each")
 B = ResourceConfig(name="example.com/b", socket="b.sock", allocation="each")
+SDB, SDB1, SDB2 = ("b", 8, 16), ("b", 8, 17), ("b", 8, 18)
 
 
-def dev(path: str, minor: int, id: str | None = None, **fields: object) -> Device:
-    return Device(id or path.removeprefix("/dev/"), path, "b", 8, minor, **fields)
+@pytest.fixture
+def clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def disks(tmp_path) -> DeviceTable:
+    """sdb with two partitions, and sdc, a disk of its own."""
+    root = sysfs(
+        tmp_path / "sys",
+        {
+            "sdb": {"dev": "8:16", "parts": {"sdb1": {"dev": "8:17"}, "sdb2": {"dev": "8:18"}}},
+            "sdc": {"dev": "8:32"},
+        },
+    )
+    return DeviceTable(tmp_path / "dev", root)
+
+
+def blocked(ledger: Ledger, key, resource: ResourceConfig, unit: str | None):
+    found = ledger.blocking(key, resource, unit)
+    return found[1] if found is not None else None
 
 
 def test_one_device_under_two_names_in_two_resources_goes_to_neither():
     ledger = Ledger()
-    node, link = dev("/dev/sdb", 16), dev("/dev/mapper/x", 16)
-    ledger.change(A.name, (), [node])
-    assert ledger.rule(A, node, listed=False) == node
-    ledger.change(B.name, (), [link])
-    assert ledger.rule(B, link, listed=False) is None
-    assert ledger.rule(A, node, listed=True) == Device("sdb", "/dev/sdb", "b", 8, 16, False)
+    key = ("c", 1, 3)
+    ledger.add_listing(A.name, key, "/dev/sdb")
+    assert ledger.rivals(A.name, key) == []
+    ledger.add_listing(B.name, key, "/dev/mapper/x")
+    assert ledger.rivals(A.name, key, "/dev/sdb") == [
+        "example.com/b lists it too, as /dev/mapper/x"
+    ]
+    assert ledger.rivals(B.name, key) == ["example.com/a lists it too"]
     ledger.detach(B.name)
-    assert ledger.rule(A, node, listed=True) == node
-    # a character device with the same numbers is another device
-    ledger.change(B.name, (), [Device("c", "/dev/c", "c", 8, 16)])
-    assert ledger.rule(A, node, listed=True) == node
+    assert ledger.rivals(A.name, key) == []
+    ledger.add_listing(B.name, ("b", 1, 3), "/dev/c")  # a block device, same numbers: another
+    assert ledger.rivals(A.name, key) == []
 
 
-def test_a_disk_and_its_partition_in_two_resources_overlap():
+def test_a_disk_and_its_partition_in_two_resources_overlap(tmp_path):
+    ledger = Ledger(disks(tmp_path))
+    ledger.add_listing(A.name, SDB, "/dev/sdb")
+    ledger.add_listing(B.name, SDB1, "/dev/sdb1")
+    assert ledger.rivals(B.name, SDB1) == ["example.com/a lists its whole disk /dev/sdb"]
+    assert ledger.rivals(A.name, SDB) == ["example.com/b lists its partition /dev/sdb1"]
+    assert ledger.rivals(B.name, SDB2) == ["example.com/a lists its whole disk /dev/sdb"]
+    ledger.drop_listing(B.name, SDB1)
+    assert ledger.rivals(A.name, SDB) == []
+
+
+async def test_a_held_disk_holds_every_partition_new_ones_included_and_not_the_other_way(tmp_path):
+    table = disks(tmp_path)
+    ledger = Ledger(table)
+    ledger.granted(A.name, "disk", [SDB])
+    assert blocked(ledger, SDB1, A, "part1") == Holder(A.name, "disk")
+    assert blocked(ledger, SDB2, B, "part2") == Holder(A.name, "disk")
+    assert blocked(ledger, SDB, A, "disk") is None  # its own holder
+    assert blocked(ledger, ("b", 8, 32), A, "sdc") is None  # another disk
+    # a partition held: its disk is not free; its sibling is (they share no block)
+    other = Ledger(table)
+    other.granted(A.name, "part1", [SDB1])
+    assert blocked(other, SDB, A, "disk") == Holder(A.name, "part1")
+    assert blocked(other, SDB2, A, "part2") is None
+
+
+async def test_a_hold_ends_only_on_an_answer_asked_after_the_grant_settled(clock):
     ledger = Ledger()
-    disk, part = dev("/dev/sdb", 16, has_partitions=True), dev("/dev/sdb1", 17, whole_disk=(8, 16))
-    ledger.change(A.name, (), [disk])
-    ledger.change(B.name, (), [part])
-    assert ledger.rivals(B.name, part) == ["example.com/a lists its whole disk /dev/sdb"]
-    assert ledger.rivals(A.name, disk) == ["example.com/b lists its partition /dev/sdb1"]
-    ledger.change(B.name, [part], ())
-    assert ledger.rivals(A.name, disk) == []
+    key = ("b", 8, 16)
+    ledger.granted(A.name, "wwn.old", [key])
+    assert blocked(ledger, key, A, "wwn.new") == Holder(A.name, "wwn.old")
+    ledger.answered({}, trio.current_time())  # the kubelet may not have recorded it yet
+    assert blocked(ledger, key, A, "wwn.new") is not None
+    await trio.sleep(GRANT_SETTLES * 2)
+    ledger.answered({A.name: {"wwn.old"}}, trio.current_time())  # still held
+    assert blocked(ledger, key, A, "wwn.new") is not None
+    ledger.answered({A.name: {"wwn.other"}}, trio.current_time())
+    assert blocked(ledger, key, A, "wwn.new") is None
 
 
-def test_a_wait_ends_only_on_an_answer_asked_after_it_began():
-    ledger = Ledger()
-    old, new = dev("/dev/sdb", 16, id="wwn.old"), dev("/dev/sdb", 16, id="wwn.new")
-    ledger.change(A.name, (), [old])
-    ledger.granted(A.name, "wwn.old", [old])
-    ledger.change(A.name, [old], [new])
-    assert not ledger.rule(A, new, listed=True).healthy
-    ledger.answered({}, asked=0)  # put before the wait began: proves nothing
-    assert not ledger.rule(A, new, listed=True).healthy
-    ledger.answered({A.name: {"wwn.old"}}, asked=1)  # still held
-    assert not ledger.rule(A, new, listed=True).healthy
-    ledger.answered({A.name: {"wwn.other"}}, asked=1)
-    assert ledger.rule(A, new, listed=True) == new
-
-
-def test_all_mode_waits_while_any_unit_of_the_old_resource_is_held():
+async def test_all_mode_waits_while_any_unit_of_the_old_resource_is_held(clock):
     shared = ResourceConfig(name="example.com/a")
     ledger = Ledger()
-    device = dev("/dev/sdb", 16)
-    ledger.granted(shared.name, None, [device])
-    assert ledger.rule(shared, device, listed=True) == device  # the same holder
-    assert not ledger.rule(B, device, listed=False).healthy
-    ledger.answered({shared.name: {"share-2"}}, asked=1)
-    assert not ledger.rule(B, device, listed=False).healthy
-    ledger.answered({}, asked=1)
-    assert ledger.rule(B, device, listed=False) == device
+    key = ("b", 8, 16)
+    ledger.granted(shared.name, None, [key])
+    assert blocked(ledger, key, shared, None) is None  # the same holder
+    assert blocked(ledger, key, B, "sdb") is not None
+    await trio.sleep(GRANT_SETTLES * 2)
+    ledger.answered({shared.name: {"share-2"}}, trio.current_time())
+    assert blocked(ledger, key, B, "sdb") is not None
+    ledger.answered({}, trio.current_time())
+    assert blocked(ledger, key, B, "sdb") is None
 
 
-def test_a_device_stays_listed_while_any_of_its_names_is():
-    ledger = Ledger()
-    node, link, other = dev("/dev/sdb", 16), dev("/dev/mapper/x", 16), dev("/dev/by-id/y", 16)
-    ledger.change(A.name, (), [node, link, other])
-    for gone in (node, other):  # the first name goes first, then another
-        ledger.change(A.name, [gone], ())
-        ledger.change(B.name, (), [Device("z", "/dev/z", "b", 8, 16)])
-        assert ledger.rivals(B.name, link) == ["example.com/a lists it too"]
-        ledger.detach(B.name)
-    ledger.change(A.name, [link], ())
-    ledger.change(B.name, (), [link])
-    assert ledger.rivals(B.name, link) == []
-
-
-def test_a_device_a_claim_holds_waits_under_the_device_plugin_api_until_unprepared():
+async def test_a_device_a_claim_holds_waits_under_the_device_plugin_api_until_unprepared():
     """A reload switched "api" from "dra" to "device-plugin": the claim's device
     is Unhealthy there until the claim is unprepared, whatever PodResources says."""
     dra, plugin_api, both = (
@@ -91,40 +119,75 @@ def test_a_device_a_claim_holds_waits_under_the_device_plugin_api_until_unprepar
         for api in ("dra", "device-plugin", "both")
     )
     ledger = Ledger()
-    device = dev("/dev/sdb", 16)
-    ledger.change(A.name, (), [device])
-    ledger.claimed(A.name, "sdb", [device.key])
-    assert ledger.rule(dra, device, listed=True) == device  # its own holder
-    assert ledger.rule(both, device, listed=True) == device
-    assert not ledger.rule(plugin_api, device, listed=True).healthy
+    key = ("b", 8, 16)
+    ledger.claimed(A.name, "sdb", [key], "uid-1")
+    assert blocked(ledger, key, dra, "sdb") is None  # its own holder
+    assert blocked(ledger, key, both, "sdb") is None  # one holder; held_units() splits sides
+    assert blocked(ledger, key, plugin_api, "sdb") == Holder(A.name, "sdb", DRA, "uid-1")
+    assert ledger.held_units(A.name, DRA) == {"sdb"}
     assert not ledger.asks_kubelet()  # nothing for the kubelet's PodResources to say
-    ledger.answered({}, asked=1)
-    assert not ledger.rule(plugin_api, device, listed=True).healthy
-    ledger.unclaimed(A.name, "sdb", [device.key])
-    assert ledger.rule(plugin_api, device, listed=True) == device
+    ledger.answered({}, 1e9)
+    assert blocked(ledger, key, plugin_api, "sdb") is not None
+    # another claim on the same unit is refused at prepare
+    assert ledger.blocking(key, dra, "sdb", claim="uid-2") is not None
+    assert ledger.blocking(key, dra, "sdb", claim="uid-1") is None
+    ledger.unclaimed("uid-1")
+    assert blocked(ledger, key, plugin_api, "sdb") is None
+    assert ledger.held_units(A.name, DRA) == frozenset()
 
 
-def test_a_device_a_pod_got_through_allocate_waits_under_dra_until_no_pod_holds_it():
+async def test_a_device_a_pod_got_through_allocate_waits_under_dra_until_no_pod_holds_it(clock):
     dra = ResourceConfig(name=A.name, allocation="each", api="dra")
     ledger = Ledger()
-    device = dev("/dev/sdb", 16)
-    ledger.change(A.name, (), [device])
-    ledger.granted(A.name, "sdb", [device])
-    assert not ledger.rule(dra, device, listed=True).healthy
+    key = ("b", 8, 16)
+    ledger.granted(A.name, "sdb", [key])
+    assert blocked(ledger, key, dra, "sdb") is not None
+    ledger.why_held(key, key, Holder(A.name, "sdb"))  # what the verdict says registers a wait
     assert ledger.asks_kubelet()
-    ledger.answered({A.name: {"sdb"}}, asked=1)
-    assert not ledger.rule(dra, device, listed=True).healthy
-    ledger.answered({}, asked=1)
-    assert ledger.rule(dra, device, listed=True) == device
+    await trio.sleep(GRANT_SETTLES * 2)
+    ledger.answered({A.name: {"sdb"}}, trio.current_time())
+    assert blocked(ledger, key, dra, "sdb") is not None
+    ledger.answered({}, trio.current_time())
+    assert blocked(ledger, key, dra, "sdb") is None
+    assert not ledger.asks_kubelet()
 
 
-def test_a_claim_known_late_makes_every_resource_rule_again_its_own_too():
+async def test_what_pods_held_at_start_counts_as_held_until_the_kubelet_says():
+    ledger = Ledger()
+    key = ("b", 8, 16)
+    ledger.provisional(A.name, "wwn.old", [key])
+    assert ledger.asks_kubelet()  # asked at once, and again until it answers
+    assert blocked(ledger, key, A, "wwn.new") == Holder(A.name, "wwn.old")
+    assert blocked(ledger, key, A, "wwn.old") is None
+    ledger.answered({}, 0.0)  # any answer: a provisional hold needs no settling
+    assert blocked(ledger, key, A, "wwn.new") is None
+    assert not ledger.asks_kubelet()
+
+
+async def test_a_claim_known_late_makes_every_resource_rule_again_its_own_too():
     """At start the checkpoint is read after the trackers first ruled."""
     ledger = Ledger()
-    asked: dict[str, set] = {"example.com/a": set(), "example.com/b": set()}
-    for name, keys in asked.items():
-        ledger.attach(name, keys.update)
-    device = dev("/dev/sdb", 16)
-    ledger.change(B.name, (), [device])
-    ledger.claimed(B.name, "sdb", [device.key])
-    assert asked == {"example.com/a": {device.key}, "example.com/b": {device.key}}
+    asked: dict[str, set] = {}
+
+    class View:
+        def __init__(self, resource: ResourceConfig) -> None:
+            self.resource = resource
+            asked[resource.name] = set()
+
+        def regate(self, keys: set) -> None:
+            asked[self.resource.name].update(keys)
+
+        def keys_of(self, unit):
+            return []
+
+        def sides_changed(self) -> None:
+            pass
+
+    for resource in (A, B):
+        ledger.attach(View(resource))
+    key = ("b", 8, 16)
+    ledger.add_listing(B.name, key, "/dev/sdb")
+    ledger.settle()
+    asked = {k: set() for k in asked}
+    ledger.claimed(B.name, "sdb", [key], "uid-1")
+    assert asked == {A.name: {key}, B.name: {key}}

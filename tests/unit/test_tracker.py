@@ -180,16 +180,16 @@ async def test_a_rescan_that_began_earlier_never_overwrites_a_later_one(tmp_path
 
     t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1", "mapper/mpatha"])
     release, entered = threading.Event(), threading.Event()
-    real = t._discover
+    real = t._glob
 
-    def slow_first(resource, listed):
-        result = real(resource, listed)
+    def slow_first(resource):
+        result = real(resource)
         if not entered.is_set():
             entered.set()
             release.wait(10)
         return result
 
-    t._discover = slow_first
+    t._glob = slow_first
     async with trio.open_nursery() as nursery:
         nursery.start_soon(t.rescan)  # under the wide config; held in its thread
         await trio.to_thread.run_sync(entered.wait, 10)
@@ -214,14 +214,14 @@ async def test_new_settings_come_into_force_with_the_list_found_under_them(tmp_p
     t, _ = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1"])
     plugin = Plugin(t.resource, t.inventory, t, refresh=None, spec=None)
     release, entered = threading.Event(), threading.Event()
-    real = t._discover
+    real = t._glob
 
-    def held(resource, listed):
+    def held(resource):
         entered.set()
         release.wait(10)
-        return real(resource, listed)
+        return real(resource)
 
-    t._discover = held
+    t._glob = held
     new = replace(INCLUDE, exclude=("/dev/dm-1",), permissions="r")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(plugin.reconfigure, new)
@@ -242,15 +242,15 @@ async def test_a_path_only_the_new_settings_want_made_during_their_rescan_is_fou
 
     t, dev = await tracker(tmp_path, ResourceConfig(include=("/dev/dm-*",)), ["dm-0"])
     release, entered = threading.Event(), threading.Event()
-    real = t._discover
+    real = t._glob
 
-    def held(resource, listed):
-        found = real(resource, listed)  # sees the host before sdz exists
+    def held(resource):
+        found = real(resource)  # sees the host before sdz exists
         entered.set()
         release.wait(10)
         return found
 
-    t._discover = held
+    t._glob = held
     wider = ResourceConfig(include=("/dev/dm-*", "/dev/sd*"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(t.rescan, wider)
