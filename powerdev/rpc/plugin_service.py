@@ -25,7 +25,7 @@ from powerdev._proto.v1beta1 import (
     PreStartContainerResponse,
 )
 from powerdev.ops import metrics
-from powerdev.resources.allocation import AllocationRefused
+from powerdev.resources.allocation import AllocationRefused, CdiGrant, DeviceGrant
 from powerdev.resources.cdi import SpecWriteError
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
@@ -88,9 +88,7 @@ class PluginService(DevicePluginBase):
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         try:
-            await trio_asyncio.trio_as_aio(self._plugin.ensure_spec)()
-            # Already encoded (in a worker thread): the door's codec sends bytes as they are.
-            encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
+            encoded = await trio_asyncio.trio_as_aio(self._answer)(grants)
         except SpecWriteError as err:
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.FAILED_PRECONDITION, str(err)) from None
@@ -98,6 +96,13 @@ class PluginService(DevicePluginBase):
             self._plugin.answered(requests)
         metrics.allocate_answered(self._plugin.resource.name, began)
         return encoded  # type: ignore[no-any-return]
+
+    async def _answer(self, grants: list[tuple[DeviceGrant, ...] | CdiGrant]) -> bytes:
+        """On the Trio side, in one crossing: the CDI spec made to name the
+        current list, then the encoded answer, which the door's codec sends
+        as it is."""
+        await self._plugin.ensure_spec()
+        return await self._answers.allocate(grants)
 
     async def get_preferred_allocation(
         self, preferred_allocation_request: pb.PreferredAllocationRequest | None
