@@ -12,9 +12,12 @@ devices.
 
 Where the kubelet's real device manager (dmharness) is on the machine, also
 at each device count: the first pod admission right after start, steady
-admissions, and kubelet restart to capacity back, as the kubelet times them.
-It asserts nothing; `--json` writes the figures. `--dra` measures powerdev
-as a DRA driver instead (dra_bench.py).
+admissions, and kubelet restart to capacity back, as the kubelet times them;
+the same admissions with "allocation": "each" (GetPreferredAllocation with
+every free ID, then Allocate); and once, the kubelet's PodResources List
+with many pods holding a device each, asked as the daemon asks it, with the
+longest Trio step meanwhile. It asserts nothing; `--json` writes the
+figures. `--dra` measures powerdev as a DRA driver instead (dra_bench.py).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from powerdev.devtools.testing import (
 from powerdev.ops.oplog import plural
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.kubelet_side import PluginClient
+from powerdev.rpc.podresources import held_ids
 
 STOP_TIMEOUT = 10.0
 PROFILE_ENV = "POWERDEV_BENCH_PROFILE"  # PATH: cProfile stats of the device events, PATH-<n>.pstats
@@ -81,6 +85,8 @@ class Plan:
     idle_seconds: float = 10.0
     admissions: int = 50  # against the real device manager
     kubelet_restarts: int = 10
+    pods: int = 2000  # pods holding one device each, for PodResources List
+    pod_listings: int = 30
     # `--dra` (dra_bench.py): new pools published, one-device changes, claims prepared
     dra_publications: int = 5
     dra_changes: int = 20
@@ -96,6 +102,8 @@ QUICK = Plan(
     idle_seconds=1.0,
     admissions=5,
     kubelet_restarts=2,
+    pods=20,
+    pod_listings=5,
     dra_publications=2,
     dra_changes=3,
     claims=5,
@@ -291,20 +299,28 @@ async def measure_size(
     add_longest_step(results, n, run.daemon, say, "fake kubelet run")
 
 
-async def measure_real_kubelet(
-    binary: Path, n: int, plan: Plan, results: Results, say: Callable[[str], None]
-) -> None:
-    """Against the kubelet's own device manager: admissions and restarts,
-    timed by the kubelet itself (admit_ms, capacity_back_ms)."""
+@dataclass
+class RealRun:
+    """The daemon against the kubelet's own device manager, with n device
+    nodes, once the kubelet counts them all."""
+
+    dm: DeviceManager
+    daemon: Daemon
+    capacity: float  # seconds from process start to the kubelet's capacity of n
+    pod_resources_socket: Path
+
+
+@contextlib.asynccontextmanager
+async def against_device_manager(binary: Path, n: int, **fields: object) -> AsyncIterator[RealRun]:
     with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
         root = Path(tmp)
         make_nodes(root / "dev", [f"bench{i}" for i in range(n)])
         config = root / "config.json"
-        config.write_text(json.dumps({"include-devices": ["/dev/bench*"]}))
+        config.write_text(json.dumps({"include-devices": ["/dev/bench*"], **fields}))
         plugin_dir = root / "device-plugins"
         plugin_dir.mkdir()
         async with DeviceManager.running(binary, root / "kubelet.log") as dm:
-            await dm.call("start", plugin_dir)
+            started = await dm.call("start", plugin_dir)
             daemon = Daemon(plugin_dir, config, root / "dev", "off")
             began = time.perf_counter()
             await daemon.start()
@@ -313,35 +329,117 @@ async def measure_real_kubelet(
                 if not reply["ok"]:
                     raise RuntimeError(f"bench: the kubelet never saw {n} devices: {reply}")
                 capacity = time.perf_counter() - began
-                first = await dm.call("admit", "first", 1)
-                if not first["admitted"]:
-                    raise RuntimeError(f"bench: the first pod was refused: {first}")
-                results.add("real kubelet: start to capacity", n, ms=round(capacity * 1000, 1))
-                results.add("real kubelet: first admission after start", n, ms=first["admit_ms"])
-                steady = []
-                for i in range(plan.admissions):
-                    await dm.call("delpod", "first" if i == 0 else f"pod{i - 1}")
-                    reply = await dm.call("admit", f"pod{i}", 1)
-                    steady.append(reply["admit_ms"] / 1000)
-                results.add("real kubelet: steady admission", n, **spread(steady))
-                back = []
-                for _ in range(plan.kubelet_restarts):
-                    reply = await dm.call("restart", n, int(WAIT_LIMIT * 1000))
-                    if not reply["capacity_back"]:
-                        raise RuntimeError(
-                            f"bench: capacity did not come back: {reply}; powerdev's log ends:\n"
-                            + daemon.log_tail()
-                        )
-                    back.append(reply["capacity_back_ms"] / 1000)
-                results.add("real kubelet: restart to capacity back", n, **spread(back))
-                say(
-                    f"  {n} devices, real kubelet: capacity after {capacity * 1000:.0f} ms; "
-                    f"first admission {first['admit_ms']} ms; steady {spread(steady)}; "
-                    f"restart to capacity back {spread(back)}"
-                )
+                yield RealRun(dm, daemon, capacity, Path(started["podresources_socket"]))
             finally:
                 await daemon.stop()
-            add_longest_step(results, n, daemon, say, "real kubelet run")
+
+
+async def admissions(dm: DeviceManager, count: int) -> tuple[float, list[float]]:
+    """The first pod's admission (one device), then `count` more, each after
+    the one before it is deleted: (first, steady) in seconds, as the kubelet
+    times them."""
+    first = await dm.call("admit", "first", 1)
+    if not first["admitted"]:
+        raise RuntimeError(f"bench: the first pod was refused: {first}")
+    steady = []
+    for i in range(count):
+        await dm.call("delpod", "first" if i == 0 else f"pod{i - 1}")
+        reply = await dm.call("admit", f"pod{i}", 1)
+        if not reply["admitted"]:
+            raise RuntimeError(f"bench: pod{i} was refused: {reply}")
+        steady.append(reply["admit_ms"] / 1000)
+    return first["admit_ms"] / 1000, steady
+
+
+async def measure_real_kubelet(
+    binary: Path, n: int, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """Against the kubelet's own device manager: admissions and restarts,
+    timed by the kubelet itself (admit_ms, capacity_back_ms)."""
+    async with against_device_manager(binary, n) as run:
+        first, steady = await admissions(run.dm, plan.admissions)
+        results.add("real kubelet: start to capacity", n, ms=round(run.capacity * 1000, 1))
+        results.add("real kubelet: first admission after start", n, ms=round(first * 1000, 3))
+        results.add("real kubelet: steady admission", n, **spread(steady))
+        back = []
+        for _ in range(plan.kubelet_restarts):
+            reply = await run.dm.call("restart", n, int(WAIT_LIMIT * 1000))
+            if not reply["capacity_back"]:
+                raise RuntimeError(
+                    f"bench: capacity did not come back: {reply}; powerdev's log ends:\n"
+                    + run.daemon.log_tail()
+                )
+            back.append(reply["capacity_back_ms"] / 1000)
+        results.add("real kubelet: restart to capacity back", n, **spread(back))
+        say(
+            f"  {n} devices, real kubelet: capacity after {run.capacity * 1000:.0f} ms; "
+            f"first admission {first * 1000:.3f} ms; steady {spread(steady)}; "
+            f"restart to capacity back {spread(back)}"
+        )
+    add_longest_step(results, n, run.daemon, say, "real kubelet run")
+
+
+async def measure_real_kubelet_each(
+    binary: Path, n: int, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """ "each" against the kubelet's own device manager: an admission is
+    GetPreferredAllocation (every free ID, one wanted), then Allocate of the
+    one chosen, timed by the kubelet."""
+    async with against_device_manager(binary, n, allocation="each") as run:
+        first, steady = await admissions(run.dm, plan.admissions)
+        results.add("real kubelet, each: first admission after start", n, ms=round(first * 1000, 3))
+        results.add("real kubelet, each: steady admission", n, **spread(steady))
+        say(
+            f"  {n} devices, real kubelet, each: first admission {first * 1000:.3f} ms; "
+            f"steady {spread(steady)}"
+        )
+    add_longest_step(results, n, run.daemon, say, "real kubelet run, each")
+
+
+# The kubelet's PodResources service allows 100 calls a second (a burst of
+# 10) and refuses the rest; the bench asks at most 50 a second.
+POD_LISTING_PACE = 0.02  # seconds
+
+
+async def measure_pod_resources(
+    binary: Path, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """The kubelet's PodResources List with `plan.pods` pods holding one
+    device each ("each", so each grant is its one device), asked with
+    rpc.podresources.held_ids, in this process, as the daemon asks it:
+    each call timed, and the longest Trio step of this process meanwhile
+    (the reply's decoding, where it runs on the Trio thread)."""
+    pods = plan.pods
+    async with against_device_manager(binary, pods, allocation="each") as run:
+        for i in range(pods):
+            await run.dm.call("allocate", f"pod{i}", 1)
+        samples = []
+        watch = stepwatch.StepWatch()
+        trio.lowlevel.add_instrument(watch)
+        try:
+            for _ in range(plan.pod_listings):
+                await trio.sleep(POD_LISTING_PACE)
+                t = time.perf_counter()
+                held = await held_ids(run.pod_resources_socket)
+                samples.append(time.perf_counter() - t)
+                if len(held.get(RESOURCE, ())) != pods:
+                    raise RuntimeError(
+                        f"bench: PodResources listed {len(held.get(RESOURCE, ()))} of "
+                        f"{pods} held devices"
+                    )
+        finally:
+            trio.lowlevel.remove_instrument(watch)
+    steps = watch.report()
+    name = "PodResources List, one device per pod"
+    results.add(name, pods, **spread(samples))
+    task = steps["steps"][0]["task"] if steps["steps"] else "-"  # type: ignore[index]
+    results.add(
+        "longest Trio step (PodResources List)", pods, ms=steps["longest_ms"], task=task, **steps
+    )
+    say(
+        f"  {pods} pods: PodResources List {spread(samples)}; "
+        f"longest Trio step {steps['longest_ms']} ms ({task})"
+    )
 
 
 async def measure_each(n: int, plan: Plan, results: Results, say: Callable[[str], None]) -> None:
@@ -598,5 +696,11 @@ async def run_bench(
         for n in plan.sizes if binary is not None else ():
             say(f"measuring against the kubelet's device manager with {n} device nodes")
             await measure_real_kubelet(binary, n, plan, results, say)
+        for n in plan.sizes if binary is not None else ():
+            say(f'measuring "each" against the kubelet\'s device manager with {n} device nodes')
+            await measure_real_kubelet_each(binary, n, plan, results, say)
+        if binary is not None:
+            say(f"measuring PodResources List with {plan.pods} pods")
+            await measure_pod_resources(binary, plan, results, say)
     await report(results, json_path, say)
     return results

@@ -4,7 +4,10 @@ A reply is encoded once per inventory version with protobuf's C encoder
 (upb: about 12 ms for a 10,000-device list or Allocate answer, where
 betterproto took over a second), in a worker thread, so the Trio thread
 never waits on it. Every stream and every Allocate of that version then
-sends the same bytes through the door's pass-through codec.
+sends the same bytes through the door's pass-through codec. An Allocate
+answer of at most INLINE entries ("each": the devices one container asked
+for) is encoded where it is asked for: microseconds, where the trip to a
+worker thread and back costs about 0.2 ms on every Allocate.
 
 An AllocateResponse with several containers is the join of one framed
 container response per container: protobuf concatenation semantics, so the
@@ -23,6 +26,7 @@ from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
 from powerdev.resources.plugin import Plugin
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+INLINE = 64  # entries in a container answer encoded on the Trio thread (a few µs each)
 
 
 class _Slot:
@@ -56,6 +60,12 @@ class Answers:
         return await self._framed(grant) * len(grants)
 
     async def _framed(self, grant: tuple[DeviceGrant, ...] | CdiGrant) -> bytes:
+        entries = len(grant.names) if isinstance(grant, CdiGrant) else len(grant)
+        if entries <= INLINE:
+            slot = self._container
+            if slot.key is not grant:  # no await: no other task sees the slot half set
+                slot.key, slot.value = grant, encode_container(grant)
+            return slot.value
         return await self._cached(self._container, grant, lambda: encode_container(grant))
 
     async def _cached(self, slot: _Slot, key: Hashable, make: Callable[[], bytes]) -> bytes:

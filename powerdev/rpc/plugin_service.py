@@ -1,31 +1,31 @@
-"""The DevicePlugin gRPC service: a thin shell around powerdev.resources.plugin.Plugin."""
+"""The DevicePlugin gRPC service: a thin shell around powerdev.resources.plugin.Plugin.
+
+The kubelet's requests are decoded by protobuf's C decoder (upb), not by
+betterproto: GetPreferredAllocation carries every free device ID (about
+9 ms for 1,000 IDs with betterproto, 0.04 ms with upb).
+"""
 
 from __future__ import annotations
 
 import grpclib.const
 import trio
 import trio_asyncio
+from google.protobuf.message import Message
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from powerdev._proto import api_pb2 as pb
 from powerdev._proto.v1beta1 import (
-    AllocateRequest,
-    AllocateResponse,
-    ContainerAllocateRequest,
-    ContainerPreferredAllocationRequest,
-    ContainerPreferredAllocationResponse,
     DevicePluginBase,
     DevicePluginOptions,
     Empty,
     ListAndWatchResponse,
-    PreferredAllocationRequest,
-    PreferredAllocationResponse,
     PreStartContainerRequest,
     PreStartContainerResponse,
 )
 from powerdev.ops import metrics
-from powerdev.resources.allocation import AllocationRefused
+from powerdev.resources.allocation import AllocationRefused, CdiGrant, DeviceGrant
 from powerdev.resources.cdi import SpecWriteError
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
@@ -33,6 +33,8 @@ from powerdev.rpc.door import send_or_cancel
 
 LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 OPTIONS = "/v1beta1.DevicePlugin/GetDevicePluginOptions"
+PREFERRED = "/v1beta1.DevicePlugin/GetPreferredAllocation"
+ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
 MAX_PREFERRED_IDS = 100_000  # a bound on work for one GetPreferredAllocation
 
 
@@ -73,10 +75,11 @@ class PluginService(DevicePluginBase):
             self._kubelet_connections.add(connection_of(stream))
         await stream.send_message(await self.get_device_plugin_options(request or Empty()))
 
-    async def allocate(self, allocate_request: AllocateRequest) -> AllocateResponse:
+    async def allocate(self, allocate_request: pb.AllocateRequest | None) -> bytes:
+        """The encoded AllocateResponse."""
         began = metrics.allocate_started(self._plugin.resource.name)
         requests = [
-            _ids(c, ContainerAllocateRequest, "devices_ids")
+            _ids(c, pb.ContainerAllocateRequest, "devices_ids")
             for c in _items(allocate_request, "container_requests")
         ]
         try:
@@ -85,9 +88,7 @@ class PluginService(DevicePluginBase):
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
         try:
-            await trio_asyncio.trio_as_aio(self._plugin.ensure_spec)()
-            # Already encoded (in a worker thread): the door's codec sends bytes as they are.
-            encoded = await trio_asyncio.trio_as_aio(self._answers.allocate)(grants)
+            encoded = await trio_asyncio.trio_as_aio(self._answer)(grants)
         except SpecWriteError as err:
             metrics.allocate_refused(self._plugin, requests, err, began)
             raise GRPCError(Status.FAILED_PRECONDITION, str(err)) from None
@@ -96,14 +97,22 @@ class PluginService(DevicePluginBase):
         metrics.allocate_answered(self._plugin.resource.name, began)
         return encoded  # type: ignore[no-any-return]
 
+    async def _answer(self, grants: list[tuple[DeviceGrant, ...] | CdiGrant]) -> bytes:
+        """On the Trio side, in one crossing: the CDI spec made to name the
+        current list, then the encoded answer, which the door's codec sends
+        as it is."""
+        await self._plugin.ensure_spec()
+        return await self._answers.allocate(grants)
+
     async def get_preferred_allocation(
-        self, preferred_allocation_request: PreferredAllocationRequest
-    ) -> PreferredAllocationResponse:
+        self, preferred_allocation_request: pb.PreferredAllocationRequest | None
+    ) -> bytes:
+        """The encoded PreferredAllocationResponse."""
         asked = []
         for req in _items(preferred_allocation_request, "container_requests"):
-            kind = ContainerPreferredAllocationRequest
-            available = _ids(req, kind, "available_device_i_ds")
-            must = _ids(req, kind, "must_include_device_i_ds")
+            kind = pb.ContainerPreferredAllocationRequest
+            available = _ids(req, kind, "available_deviceIDs")
+            must = _ids(req, kind, "must_include_deviceIDs")
             size = req.allocation_size
             if not isinstance(size, int) or not 0 <= size <= MAX_PREFERRED_IDS:
                 raise GRPCError(
@@ -111,12 +120,10 @@ class PluginService(DevicePluginBase):
                     f"allocation_size {size!r} is outside 0..{MAX_PREFERRED_IDS}",
                 )
             asked.append((available, must, size))
-        return PreferredAllocationResponse(
-            container_responses=[
-                ContainerPreferredAllocationResponse(device_i_ds=ids)
-                for ids in self._plugin.preferred(asked)
-            ]
-        )
+        reply = pb.PreferredAllocationResponse()
+        for ids in self._plugin.preferred(asked):
+            reply.container_responses.add(deviceIDs=ids)
+        return reply.SerializeToString()
 
     async def pre_start_container(
         self, pre_start_container_request: PreStartContainerRequest
@@ -133,7 +140,23 @@ class PluginService(DevicePluginBase):
             mapping[name] = grpclib.const.Handler(
                 handler, generated.cardinality, generated.request_type, generated.reply_type
             )
+        # Requests decoded by upb (the door's codec calls the type's FromString
+        # and makes a failure INVALID_ARGUMENT); the answers are bytes already.
+        for name, handler, request_type in (
+            (PREFERRED, self._preferred, pb.PreferredAllocationRequest),
+            (ALLOCATE, self._allocate, pb.AllocateRequest),
+        ):
+            generated = mapping[name]
+            mapping[name] = grpclib.const.Handler(
+                handler, generated.cardinality, request_type, generated.reply_type
+            )
         return mapping
+
+    async def _preferred(self, stream: Stream[pb.PreferredAllocationRequest, bytes]) -> None:
+        await stream.send_message(await self.get_preferred_allocation(await stream.recv_message()))
+
+    async def _allocate(self, stream: Stream[pb.AllocateRequest, bytes]) -> None:
+        await stream.send_message(await self.allocate(await stream.recv_message()))
 
     async def _list_and_watch(self, stream: Stream[Empty, ListAndWatchResponse]) -> None:
         await stream.recv_message()
@@ -163,9 +186,10 @@ def connection_of(stream: Stream) -> object:
 
 
 def _items(message: object, field: str) -> list:
-    """A repeated message field, refused unless it holds messages: garbage on
-    the wire can decode into odd shapes, and that is the caller's fault."""
-    items = getattr(message, field)
+    """A repeated message field, refused unless it holds messages. (upb gives
+    a field nothing but its own type; the check stays, so that a request
+    type that lets garbage decode into odd shapes is refused all the same.)"""
+    items = _repeated(message, field)
     if not isinstance(items, list) or any(item is None for item in items):
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: bad {field}")
     return items
@@ -173,7 +197,15 @@ def _items(message: object, field: str) -> list:
 
 def _ids(message: object, kind: type, field: str) -> list[str]:
     """A repeated string field of a `kind` message, refused unless all strings."""
-    ids = getattr(message, field, None) if isinstance(message, kind) else None
+    ids = _repeated(message, field) if isinstance(message, kind) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: bad {field}")
     return ids
+
+
+def _repeated(message: object, field: str) -> object:
+    """A repeated field as a list (upb's containers are not lists); None when
+    there is no message (a call that sent none) or no such field."""
+    if not isinstance(message, Message):
+        return None
+    return list(getattr(message, field))
