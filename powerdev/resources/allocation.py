@@ -117,10 +117,12 @@ def preferred_on_one_node(
     must_include: Sequence[str],
     size: int,
     numa_of: dict[str, int | None],
+    order: dict[str, int] | None = None,
 ) -> list[str]:
     """ "each": the must-include IDs, then devices on one NUMA node where one
     node has enough (the must-include devices' node first, then the node with
-    the most), then the rest, each in natural order. O(n log n)."""
+    the most), then the rest, each in natural order (`order`: each ID's
+    place in it, where the caller has it). O(n log n)."""
     chosen = list(dict.fromkeys(must_include))
     if len(chosen) >= size:
         return chosen
@@ -143,7 +145,12 @@ def preferred_on_one_node(
         )
 
     for node in sorted(by_node, key=rank):
-        for unit_id in sorted(by_node[node], key=natural_key):
+        ids = by_node[node]
+        if order is not None and all(i in order for i in ids):
+            ids = sorted(ids, key=order.__getitem__)  # natural order, computed once a list
+        else:
+            ids = sorted(ids, key=natural_key)
+        for unit_id in ids:
             if len(chosen) == size:
                 return chosen
             chosen.append(unit_id)

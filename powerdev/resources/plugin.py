@@ -64,6 +64,10 @@ class Plugin:
         self._by_unit: dict[str, list[Device]] = {}
         self._by_unit_version = -1
         self._recorded = -1  # "all": the inventory version last recorded as granted
+        # "each": each unit's NUMA node and its place in natural order, per list
+        self._rank_key: object = None
+        self._numa_of: dict[str, int | None] = {}
+        self._rank: dict[str, int] = {}
 
     def refresh(self) -> None:
         """Apply the device events queued now (nothing without a daemon)."""
@@ -259,9 +263,14 @@ class Plugin:
     ) -> list[list[str]]:
         """GetPreferredAllocation: (available, must_include, size) per container."""
         if self.prefers:
-            numa_of = {u.id: u.numa for u in self.units()}
+            units = self.units()
+            if self._rank_key is not units:
+                self._numa_of = {u.id: u.numa for u in units}
+                ordered = sorted(self._numa_of, key=allocation.natural_key)
+                self._rank = {unit_id: i for i, unit_id in enumerate(ordered)}
+                self._rank_key = units
             return [
-                allocation.preferred_on_one_node(avail, must, size, numa_of)
+                allocation.preferred_on_one_node(avail, must, size, self._numa_of, self._rank)
                 for avail, must, size in requests
             ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]

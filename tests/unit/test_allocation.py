@@ -177,3 +177,21 @@ def test_preferred_allocation_on_one_numa_node(available, must, size, numa, expe
     from powerdev.resources.allocation import preferred_on_one_node
 
     assert preferred_on_one_node(available, must, size, numa) == expected
+
+
+def test_a_precomputed_natural_order_chooses_as_the_sort_does():
+    """Plugin.preferred() hands the natural order in, computed once per list:
+    the choice is the same as sorting every time, whatever order the
+    kubelet lists the free IDs in."""
+    import random
+
+    from powerdev.resources.allocation import natural_key, preferred_on_one_node
+
+    ids = [f"loop{i}" for i in range(300)]
+    numa = {unit: i % 3 if i % 7 else None for i, unit in enumerate(ids)}
+    order = {unit: i for i, unit in enumerate(sorted(ids, key=natural_key))}
+    shuffled = random.Random(7).sample(ids, len(ids))
+    for size in (1, 5, 120, 300):
+        assert preferred_on_one_node(shuffled, ["loop9"], size, numa, order) == (
+            preferred_on_one_node(shuffled, ["loop9"], size, numa)
+        )
