@@ -309,9 +309,16 @@ class DeviceTable:
                     self._set_facts(key, fact, changes)
         missing = {k for k in new_keys if k not in self._facts}
         if missing:
-            observed = self._observe(missing, self._topology(), self._host_use())
+            topology = self._topology()
+            observed = self._observe(missing, topology, self._host_use())
             for key, fact in observed.items():
                 self._set_facts(key, fact, changes)
+            # a new device changes what its family knows of itself (a new
+            # partition makes its disk one with partitions), even where no
+            # event for the family came (a node seen by inotify alone)
+            kin = {k for key in missing for k in self.overlapping(key) if k in self._names}
+            if kin - missing:
+                self._again(kin - missing, changes)
         return changes
 
     def _forget(self, key: Key, changes: Changes) -> None:
