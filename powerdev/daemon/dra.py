@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from powerdev.daemon.settings import DraSettings
+from powerdev.devices.discovery import probe
+from powerdev.devices.identity import block_devices_with
+from powerdev.devices.table import DeviceTable
 from powerdev.dra.names import endpoint
 from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
@@ -30,6 +33,16 @@ if TYPE_CHECKING:
     from powerdev.dra.kubeapi import KubeApi  # lightkube: imported when DRA starts
 
 log = logging.getLogger(__name__)
+
+
+def _read_boot_id(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError as err:
+        log.warning("DRA: cannot read this boot's ID from %s (%s)", path, err)
+        return None
+
+
 WATCH_RETRY = (0.1, 10.0)  # first and longest wait before watching the slices again
 
 
@@ -49,6 +62,7 @@ class DraDriver:
         closing: contextlib.AsyncExitStack,
         status: StatusFile | None = None,
         ledger: Ledger | None = None,
+        table: DeviceTable | None = None,
     ) -> None:
         self._settings = settings
         self._cdi_dir = cdi_dir
@@ -60,6 +74,7 @@ class DraDriver:
         self._pools: dict[str, Pool] = {}  # by resource name: published now
         self._status = status or StatusFile(None)
         self._ledger = ledger
+        self._table = table  # the node's devices: a prepared claim found again by identity
         self._kubelet_knows = False  # the kubelet has registered the driver
         self._claims: Claims | None = None
 
@@ -144,8 +159,13 @@ class DraDriver:
                 cdi_dir=self._cdi_dir,
                 state_dir=settings.plugins_dir / settings.driver,
                 ledger=self._ledger,
+                boot_id=_read_boot_id(settings.boot_id),
             )
-            claims.load()
+            if self._table is not None:
+                claims.find = self._find
+                claims.key_of = self._key_of
+                claims.names_of = self._table.names
+            await claims.load()
             self._claims = claims
             await self._nursery.start(
                 serve_driver,
@@ -158,6 +178,27 @@ class DraDriver:
             self._nursery.start_soon(self._watch_slices, api, settings)
             self._api = api
             return api
+
+    async def _find(self, identity: str) -> list[tuple[str, int, int]]:
+        """The devices that are `identity` ("SOURCE=value") now: those the
+        node's table knows, else a walk of sysfs in a worker thread."""
+        assert self._table is not None
+        source, _, value = identity.partition("=")
+        found = list(self._table.with_identity((source, value)))
+        if found:
+            return found
+        table = self._table
+        return await trio.to_thread.run_sync(
+            block_devices_with, table.sys_root, table.udev, (source, value)
+        )
+
+    def _key_of(self, path: str) -> tuple[str, int, int] | None:
+        assert self._table is not None
+        key = self._table.key_of(path)
+        if key is None:
+            device = probe(self._table.dev_root, path)
+            key = device.key if device is not None else None
+        return key
 
     async def resume(self) -> None:
         """At start, before any resource is served: when the checkpoint holds

@@ -31,6 +31,9 @@ class DraSettings:
     kubeconfig: Path | None = None  # None: the pod's service account
     plugins_dir: Path = Path(DEFAULT_DRA_PLUGINS_DIR)
     registry_dir: Path = Path(DEFAULT_DRA_REGISTRY_DIR)
+    # This boot's ID (not namespaced: a pod reads the host's), so that a claim
+    # prepared before a reboot is known to be from before it.
+    boot_id: Path = Path("/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,7 @@ class Running:
             closing or contextlib.AsyncExitStack(),
             self.status,
             self.ledger,
+            self.table,
         )
 
     async def prepare(self, resource: ResourceConfig) -> Plugin:

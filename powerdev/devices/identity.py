@@ -284,3 +284,21 @@ def devname(sys_dir: Path) -> str | None:
 def kernel_name(sys_root: Path, kind: str, number: Number) -> str | None:
     """The node's name under /dev as the kernel gives it, if sysfs has it."""
     return devname(sys_root / "dev" / _kind_dir(kind) / f"{number[0]}:{number[1]}")
+
+
+def block_devices_with(
+    sys_root: Path, udev: UdevDatabase | None, wanted: tuple[str, str]
+) -> list[tuple[str, int, int]]:
+    """Every block device sysfs lists whose identity is `wanted`: a walk of
+    /sys/class/block, for a device no look has found (slow: a worker thread)."""
+    found = []
+    block = sys_root / "class" / "block"
+    try:
+        names = sorted(os.listdir(block))
+    except OSError:
+        return []
+    for name in names:
+        number = _number_of(block / name)
+        if number is not None and identity(sys_root, udev, "b", number) == wanted:
+            found.append(("b", *number))
+    return found

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
+from powerdev.devices.family import Key
 from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name
 from powerdev.resources.allocation import by_unit
@@ -90,6 +91,12 @@ class Claims:
     cdi_dir: Path
     state_dir: Path  # <plugins dir>/<driver>: the checkpoint
     ledger: Ledger | None = None  # the node-wide one: who holds which device
+    # finds the devices of an identity now ("SOURCE=value" -> keys); None: not looked up
+    find: Callable[[str], Awaitable[list[Key]]] | None = None
+    # finds what a host path names now; None: not looked up
+    key_of: Callable[[str], Key | None] | None = None
+    names_of: Callable[[Key], Sequence[str]] | None = None
+    boot_id: str | None = None  # this boot's (/proc/sys/kernel/random/boot_id)
     _held: dict[str, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
     _names: dict[str, _PublishedNames] = field(default_factory=dict)  # by resource name
@@ -101,8 +108,9 @@ class Claims:
     def spec_path(self, uid: str) -> Path:
         return self.cdi_dir / f"{self.driver}-{uid}.json"
 
-    def load(self) -> None:
-        """Read the checkpoint, and write again every spec it names that is gone."""
+    async def load(self) -> None:
+        """Read the checkpoint, bind each prepared device to what it is now
+        (_rebind), and write again every spec that is gone or changed."""
         try:
             data = json.loads(self.checkpoint_path.read_bytes())
             self._held = dict(data["claims"]) if data.get("version") == CHECKPOINT_VERSION else {}
@@ -115,10 +123,12 @@ class Claims:
                 err,
             )
             self._held = {}
+        rebound = False
         for uid, held in self._held.items():
             try:
+                rebound |= await self._rebind(uid, held)
                 self._tell_ledger(uid, held, prepared=True)
-                self._ensure_spec(uid, held)
+                self._ensure_spec(uid, held, again=rebound)
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning(
                     "DRA: claim %s of the checkpoint %s: %s: %s (kept; tried again when the "
@@ -128,6 +138,106 @@ class Claims:
                     type(err).__name__,
                     err,
                 )
+        if rebound:
+            try:
+                self._save()
+            except OSError as err:
+                log.warning(
+                    "DRA: the checkpoint %s cannot be written: %s", self.checkpoint_path, err
+                )
+
+    async def _rebind(self, uid: str, held: dict[str, Any]) -> bool:
+        """At start: bind each device of a prepared claim to what it is now.
+        Device numbers change across reboots (dm and sd numbering), and
+        /var/run/cdi is a tmpfs: a spec written back verbatim would give a
+        restarted container whatever now has the old numbers. So a device
+        with an identity is found again by it: renumbered, its spec gets the
+        new numbers; gone, it is dropped from the spec (the container cannot
+        start with it) and reported Unhealthy. A device without an identity
+        is kept only within the same boot while its paths still name the same
+        numbers; after a reboot it is dropped: the safe side. (A claim an
+        older powerdev prepared says no boot: it counts as this one, since an
+        upgrade restarts powerdev far more often than a reboot does, and its
+        paths must still name the same numbers.) True if the claim changed."""
+        if self.find is None or self.key_of is None:
+            return False
+        same_boot = self.boot_id is not None and held.get("boot_id", self.boot_id) == self.boot_id
+        specs = {d["name"]: d for d in held["spec"]["devices"]}
+        changed = False
+        for d in held["devices"]:
+            if d.get("gone"):
+                continue
+            name = d["cdi_ids"][0].rpartition("=")[2]
+            spec = specs.get(name)
+            if spec is None:
+                continue
+            nodes = spec["containerEdits"]["deviceNodes"]
+            old = sorted({(n["type"], n["major"], n["minor"]) for n in nodes})
+            identity = d.get("identity")
+            if identity:
+                kinds = {k[0] for k in old}
+                found = sorted(k for k in await self.find(identity) if k[0] in kinds)
+                if not found:
+                    self._gone(uid, held, d, spec, f"no device of this node is {identity} now")
+                    changed = True
+                elif found != old:
+                    log.info(
+                        "DRA: claim %s: device %s (%s) is at %s now, not %s: its CDI spec gets "
+                        "the new numbers",
+                        uid,
+                        d["device"],
+                        identity,
+                        ", ".join(f"{k[1]}:{k[2]}" for k in found),
+                        ", ".join(f"{k[1]}:{k[2]}" for k in old),
+                    )
+                    self._renumber(nodes, found)
+                    d["keys"] = found
+                    changed = True
+                continue
+            still = all(
+                self.key_of(n["hostPath"]) == (n["type"], n["major"], n["minor"]) for n in nodes
+            )
+            if not (same_boot and still):
+                why = (
+                    "the node restarted, and a device without an identity cannot be told "
+                    "from another at its numbers"
+                    if not same_boot
+                    else "its paths name other devices now"
+                )
+                self._gone(uid, held, d, spec, why)
+                changed = True
+        if changed or held.get("boot_id") != self.boot_id:
+            held["boot_id"] = self.boot_id
+            changed = True
+        return changed
+
+    def _renumber(self, nodes: list[dict[str, Any]], found: list[Key]) -> None:
+        """The device's nodes, at its new numbers: each keeps its path in the
+        container; its host path is the old one where that names the device
+        now, else a name of the device."""
+        key = found[0]
+        for node in nodes:
+            now = self.key_of(node["hostPath"]) if self.key_of is not None else None
+            if now not in found:
+                names = self.names_of(key) if self.names_of is not None else ()
+                if names:
+                    node["hostPath"] = names[0]
+            node["type"], node["major"], node["minor"] = key
+
+    def _gone(
+        self, uid: str, held: dict[str, Any], d: dict[str, Any], spec: dict[str, Any], why: str
+    ) -> None:
+        log.warning(
+            "DRA: claim %s: device %s of pool %s is not written back: %s; the claim's "
+            "containers cannot start with it (Unhealthy)",
+            uid,
+            d["device"],
+            d["pool"],
+            why,
+        )
+        d["gone"] = why
+        d["keys"] = []
+        held["spec"]["devices"].remove(spec)
 
     async def prepare(self, claim: ClaimRef) -> list[Prepared]:
         async with self._lock(claim.uid):
@@ -143,6 +253,13 @@ class Claims:
                     raise
                 self._tell_ledger(claim.uid, held, prepared=True)
             else:
+                gone = [d for d in held["devices"] if d.get("gone")]
+                if gone:
+                    raise PrepareError(
+                        f"ResourceClaim {claim.namespace}/{claim.name}: device "
+                        f"{gone[0]['device']} of pool {gone[0]['pool']} is gone: "
+                        f"{gone[0]['gone']}; delete the pod so that the claim is allocated anew"
+                    )
                 self._ensure_spec(claim.uid, held)
             return [
                 Prepared(tuple(d["requests"]), d["pool"], d["device"], tuple(d["cdi_ids"]))
@@ -225,6 +342,7 @@ class Claims:
                     "resource": plugin.resource.name,
                     "unit": unit_id,
                     "keys": sorted({d.key for d in names}),
+                    "identity": names[0].identity,
                     "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],
                 }
             )
@@ -233,7 +351,13 @@ class Claims:
             "kind": f"{self.driver}/{CDI_CLASS}",
             "devices": spec_devices,
         }
-        held = {"namespace": ref.namespace, "name": ref.name, "spec": spec, "devices": devices}
+        held = {
+            "namespace": ref.namespace,
+            "name": ref.name,
+            "boot_id": self.boot_id,
+            "spec": spec,
+            "devices": devices,
+        }
         self._write_spec(ref.uid, held)
         return held
 
@@ -274,9 +398,12 @@ class Claims:
                     d["resource"], d["unit"], keys, uid, admin=d.get("admin", False)
                 )
 
-    def _ensure_spec(self, uid: str, held: dict[str, Any]) -> None:
-        if not self.spec_path(uid).exists():
-            log.info("DRA: claim %s: its CDI spec is gone: written again", uid)
+    def _ensure_spec(self, uid: str, held: dict[str, Any], *, again: bool = False) -> None:
+        if not held["spec"]["devices"]:
+            self.spec_path(uid).unlink(missing_ok=True)  # every device is gone
+            return
+        if again or not self.spec_path(uid).exists():
+            log.info("DRA: claim %s: its CDI spec is gone or changed: written again", uid)
             self._write_spec(uid, held)
 
     def _write_spec(self, uid: str, held: dict[str, Any]) -> None:
@@ -295,13 +422,14 @@ class Claims:
         found = []
         for held in self._held.values():
             try:
-                specs = held["spec"]["devices"]
-                for i, device in enumerate(held["devices"]):
+                specs = {d["name"]: d for d in held["spec"]["devices"]}
+                for device in held["devices"]:
+                    spec = specs.get(device["cdi_ids"][0].rpartition("=")[2])
                     nodes = tuple(
                         (n["hostPath"], n["type"], n["major"], n["minor"])
-                        for n in specs[i]["containerEdits"]["deviceNodes"]
+                        for n in (spec["containerEdits"]["deviceNodes"] if spec else ())
                     )
-                    found.append((device["pool"], device["device"], nodes))
+                    found.append((device["pool"], device["device"], nodes))  # gone: no node
             except (KeyError, IndexError, TypeError):
                 continue
         return found

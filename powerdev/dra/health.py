@@ -58,6 +58,9 @@ def assess(pool: str, device: str, nodes: Sequence[Node], plugin: Plugin | None)
     if plugin is None:
         why = "its resource is no longer served through DRA here"
         return DeviceHealth(pool, device, UNKNOWN, why)
+    if not nodes:
+        why = "it was not found again when powerdev started (its identity is gone, or it has none)"
+        return DeviceHealth(pool, device, UNHEALTHY, f"gone: {why}")
     listed = plugin.inventory.by_path
     ours = []
     elsewhere = []

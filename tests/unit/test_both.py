@@ -105,7 +105,7 @@ async def test_a_prepared_unit_is_unhealthy_for_the_device_plugin_until_unprepar
 
     # A restarted daemon knows it from the checkpoint before the resource serves.
     again_plugin, again = both(tmp_path)
-    again.load()
+    await again.load()
     assert health(again_plugin) == {"u1": False, "u2": True}
 
     # The ledger knows too: under the device plugin API alone (a reload that

@@ -17,6 +17,7 @@ from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.health import assess_all
 from powerdev.dra.names import MAX_LABEL, device_name, driver_problem, pool_name
 from powerdev.dra.slices import MAX_DEVICES_PER_SLICE, Pool, build_devices, build_slices
 from powerdev.resources.plugin import Plugin
@@ -187,10 +188,25 @@ class FakeClaims:
         return self.claims.get((namespace, name))
 
 
-def make_claims(tmp_path, api, devices):
+def make_claims(tmp_path, api, devices, *, host=None, boot="boot-1"):
+    """Claims over these devices; with `host` (host path -> (key, identity)),
+    what the node has now, as the device table tells it at start."""
     resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each", device_gid=6)
     plugin = Plugin(resource, Inventory(devices), refresh=None, spec=None)
-    return Claims(DRIVER, NODE, api, lambda: [plugin], tmp_path / "cdi", tmp_path / "state")
+    claims = Claims(
+        DRIVER, NODE, api, lambda: [plugin], tmp_path / "cdi", tmp_path / "state", boot_id=boot
+    )
+    if host is None:
+        host = {d.path: (d.key, d.identity) for d in devices}
+
+    async def find(identity):
+        await trio.lowlevel.checkpoint()
+        return sorted({key for key, ident in host.values() if ident == identity})
+
+    claims.find = find
+    claims.key_of = lambda path: host[path][0] if path in host else None
+    claims.names_of = lambda key: sorted(p for p, (k, _) in host.items() if k == key)
+    return claims
 
 
 DEVICES = [dev("/dev/sdb", 16, unit="u1"), dev("/dev/sdc", 32, healthy=False, unit="u2")]
@@ -213,10 +229,11 @@ async def test_a_claim_is_prepared_once_answered_again_and_unprepared(tmp_path):
     (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
     assert (node["path"], node["major"], node["minor"], node["gid"]) == ("/dev/sdb", 8, 16, 6)
 
-    # A restart after a reboot: the checkpoint answers, the spec is written again.
+    # A restart in the same boot: the checkpoint answers; a spec that went
+    # is written again (sdb has no identity: its path still names 8:16).
     claims.spec_path("uid-1").unlink()
     again = make_claims(tmp_path, api, DEVICES)
-    again.load()
+    await again.load()
     assert claims.spec_path("uid-1").exists()
     assert await again.prepare(ref) == [prepared]
     assert api.reads == 1
@@ -339,7 +356,7 @@ def health_of(nodes, listed, *, served=True):
             "Unhealthy",
             "/dev/mapper/b not usable now",
         ),
-        ((), [], "Unhealthy", "it has no node"),
+        ((), [], "Unhealthy", "it was not found again when powerdev started"),
     ],
 )
 def test_a_prepared_device_is_healthy_while_listed_as_itself_and_healthy(
@@ -357,6 +374,73 @@ def test_a_device_of_a_resource_no_longer_served_is_unknown():
     )
 
 
+WWID_A, WWID_B = "WWID=naa.600a0b8000000001", "WWID=naa.600a0b8000000002"
+LUNS = [dev("/dev/sdb", 16, identity=WWID_A, unit="u1"), dev("/dev/sdc", 32, unit="u2")]
+
+
+async def rebooted(tmp_path, host, boot="boot-2"):
+    """u1 (a LUN with a WWID) and u2 (a disk without one) prepared, then a
+    reboot: /var/run/cdi is empty, the daemon starts with what `host` has."""
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1", "u2")
+    claims = make_claims(tmp_path, api, LUNS)
+    await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    claims.spec_path("uid-1").unlink()
+    again = make_claims(tmp_path, api, LUNS, host=host, boot=boot)
+    await again.load()
+    return again
+
+
+def spec_nodes(claims, uid="uid-1"):
+    if not claims.spec_path(uid).exists():
+        return None
+    spec = json.loads(claims.spec_path(uid).read_text())
+    return {
+        d["name"]: [
+            (n["path"], n["hostPath"], n["major"], n["minor"])
+            for n in d["containerEdits"]["deviceNodes"]
+        ]
+        for d in spec["devices"]
+    }
+
+
+async def test_after_a_reboot_a_renumbered_lun_gets_its_spec_with_its_new_numbers(tmp_path):
+    # the LUN is sdd (8:48) now; sdb (8:16) is another LUN, maybe the host's
+    host = {"/dev/sdb": (("b", 8, 16), WWID_B), "/dev/sdd": (("b", 8, 48), WWID_A)}
+    claims = await rebooted(tmp_path, host)
+    nodes = spec_nodes(claims)
+    # the container's path stays; the host's node is the LUN's, at its numbers
+    assert nodes == {"uid-1-u1": [("/dev/sdb", "/dev/sdd", 8, 48)]}
+    assert claims.prepared_devices() == [
+        (POOL, "u1", (("/dev/sdd", "b", 8, 48),)),
+        (POOL, "u2", ()),  # no identity, another boot: not written back
+    ]
+    saved = json.loads(claims.checkpoint_path.read_text())["claims"]["uid-1"]
+    assert saved["boot_id"] == "boot-2" and saved["devices"][0]["keys"] == [["b", 8, 48]]
+    with pytest.raises(PrepareError, match=r"u2 of pool .* is gone: the node restarted"):
+        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+
+
+async def test_after_a_reboot_a_lun_that_is_gone_is_never_written_with_its_old_numbers(tmp_path):
+    host = {"/dev/sdb": (("b", 8, 16), WWID_B), "/dev/sdc": (("b", 8, 32), None)}
+    claims = await rebooted(tmp_path, host)
+    assert spec_nodes(claims) is None  # nothing left to write: no spec at all
+    assert claims.prepared_devices() == [(POOL, "u1", ()), (POOL, "u2", ())]
+    assert [d.health for d in assess_all(claims.prepared_devices(), {})] == ["Unknown"] * 2
+
+
+async def test_in_the_same_boot_a_device_without_identity_is_kept_while_its_path_is_it(tmp_path):
+    host = {"/dev/sdb": (("b", 8, 16), WWID_A), "/dev/sdc": (("b", 8, 32), None)}
+    claims = await rebooted(tmp_path, host, boot="boot-1")
+    assert spec_nodes(claims) == {
+        "uid-1-u1": [("/dev/sdb", "/dev/sdb", 8, 16)],
+        "uid-1-u2": [("/dev/sdc", "/dev/sdc", 8, 32)],
+    }
+    moved = {"/dev/sdb": (("b", 8, 16), WWID_A), "/dev/sdc": (("b", 8, 64), None)}
+    claims = await rebooted(tmp_path / "again", moved, boot="boot-1")
+    assert spec_nodes(claims) == {"uid-1-u1": [("/dev/sdb", "/dev/sdb", 8, 16)]}
+
+
 async def test_the_prepared_devices_are_read_from_the_claims(tmp_path):
     api = FakeClaims()
     api.allocate("c1", "uid-1", "u1")
@@ -365,7 +449,7 @@ async def test_the_prepared_devices_are_read_from_the_claims(tmp_path):
     await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
     assert claims.prepared_devices() == [(POOL, "u1", (SDB,))]
     again = make_claims(tmp_path, api, DEVICES)  # from the checkpoint, after a restart
-    again.load()
+    await again.load()
     assert again.prepared_devices() == [(POOL, "u1", (SDB,))]
 
 
