@@ -140,6 +140,7 @@ async def daemon_and_kubelet(
     events: supervisor.EventSource | None = None,
     uevents: str = "off",
     kubelet_pods: dict[str, dict[str, list[str]]] | None = None,
+    pod_resources_down: bool = False,
     **settings: object,
 ) -> AsyncIterator[Harness]:
     """A fake kubelet and the daemon, in-process, over real unix sockets.
@@ -148,6 +149,7 @@ async def daemon_and_kubelet(
     plugin_dir = tmp_path / "device-plugins"
     kubelet = FakeKubelet(plugin_dir)
     kubelet.pods = kubelet_pods or {}  # what its PodResources API lists from the start
+    kubelet.pod_resources_down = pod_resources_down  # UNAVAILABLE until a test says otherwise
     settings.setdefault("pod_resources_socket", kubelet.pod_resources_socket)
     settings.setdefault("cdi_spec_dir", tmp_path / "cdi")
     settings = Settings(

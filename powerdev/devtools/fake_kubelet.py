@@ -99,6 +99,7 @@ class FakeKubelet:
         self.pods: Holders = {}
         self.pod_resources_socket = plugin_dir.parent / "pod-resources" / "kubelet.sock"
         self.pod_resources_asked = 0
+        self.pod_resources_down = False  # answer UNAVAILABLE, as a kubelet still starting may
         self.registrations = 0
         self.refusals: list[str] = []
         self.refuse_next = 0  # refuse this many Register calls, as a kubelet in trouble would
@@ -157,10 +158,12 @@ class FakeKubelet:
                 finally:
                     self._drop_all_clients()
 
-    def _pod_listing(self) -> Holders:
+    def _pod_listing(self) -> Holders | None:
         self.pod_resources_asked += 1
         self._changed.set()  # for wait_until; not an event a log would show
         self._changed = trio.Event()
+        if self.pod_resources_down:
+            return None
         return {pod: {r: list(ids) for r, ids in held.items()} for pod, held in self.pods.items()}
 
     async def restart(self) -> None:

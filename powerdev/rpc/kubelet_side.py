@@ -114,12 +114,15 @@ Holders = dict[str, dict[str, list[str]]]
 
 
 class _PodResourcesService(PodResourcesListerBase):
-    def __init__(self, listing: Callable[[], Holders]) -> None:
+    def __init__(self, listing: Callable[[], Holders | None]) -> None:
         self._listing = listing
 
     async def list(
         self, list_pod_resources_request: ListPodResourcesRequest
     ) -> ListPodResourcesResponse:
+        pods = self._listing()
+        if pods is None:  # a kubelet that cannot answer yet
+            raise GRPCError(Status.UNAVAILABLE, "the kubelet is not ready to list pods")
         return ListPodResourcesResponse(
             pod_resources=[
                 PodResources(
@@ -135,19 +138,20 @@ class _PodResourcesService(PodResourcesListerBase):
                         )
                     ],
                 )
-                for pod, held in self._listing().items()
+                for pod, held in pods.items()
             ]
         )
 
 
 async def serve_pod_resources(
     path: Path,
-    listing: Callable[[], Holders],
+    listing: Callable[[], Holders | None],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve PodResources List on `path` until cancelled: `listing()` is asked
-    (from the asyncio side, so it must not block) at each call."""
+    (from the asyncio side, so it must not block) at each call; None is
+    answered UNAVAILABLE."""
     await serve(path, [_PodResourcesService(listing)], task_status=task_status)
 
 

@@ -90,10 +90,18 @@ def _key(node: str) -> str:
     return f"block {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
-@pytest.mark.parametrize("held_since", ["this daemon", "before this daemon"])
+@pytest.mark.parametrize(
+    "held_since", ["this daemon", "before this daemon", "before, and the kubelet slow to say"]
+)
 async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_old(
     tmp_path, held_since
 ):
+    """A pod holds a loop device's unit; the loop number is bound to another
+    file (another LUN at the same numbers). The new unit waits until the
+    kubelet says no pod holds the old one. When the pod is from before this
+    daemon and the kubelet cannot answer at first, it waits all the same:
+    what pods hold is asked again until the kubelet answers."""
+    slow = held_since.endswith("slow to say")
     first = sparse(tmp_path / "first.img", 4 * MiB)
     # before: the kubelet lists the pod when powerdev starts (a restart)
     earlier = {"p1": {NAME: [identity_id("LOOP_BACKING_FILE", str(first))]}}
@@ -108,7 +116,8 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             sys_root=Path("/sys"),
             uevents="kernel",
             cdi_recheck_interval=0.05,
-            kubelet_pods=earlier if held_since == "before this daemon" else None,
+            kubelet_pods=earlier if held_since.startswith("before") else None,
+            pod_resources_down=slow,
         ) as h:
             kubelet, name = h.kubelet, h.name
 
@@ -130,6 +139,11 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             (new,) = units()
             assert new != old
             await kubelet.wait_until(lambda k: units() == {new: "Unhealthy"})
+            if slow:  # asked, and asked again: it waits the whole time
+                asked = kubelet.pod_resources_asked
+                await kubelet.wait_until(lambda k: k.pod_resources_asked > asked + 1)
+                assert units() == {new: "Unhealthy"}
+                kubelet.pod_resources_down = False
             asked = kubelet.pod_resources_asked
             await kubelet.wait_until(lambda k: k.pod_resources_asked > asked + 1)
             assert units() == {new: "Unhealthy"}
