@@ -99,6 +99,7 @@ class Claims:
     boot_id: str | None = None  # this boot's (/proc/sys/kernel/random/boot_id)
     _held: dict[str, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
+    _saving: trio.Lock = field(default_factory=trio.Lock)
     _names: dict[str, _PublishedNames] = field(default_factory=dict)  # by resource name
 
     @property
@@ -128,7 +129,7 @@ class Claims:
             try:
                 rebound |= await self._rebind(uid, held)
                 self._tell_ledger(uid, held, prepared=True)
-                self._ensure_spec(uid, held, again=rebound)
+                await self._ensure_spec(uid, held, again=rebound)
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning(
                     "DRA: claim %s of the checkpoint %s: %s: %s (kept; tried again when the "
@@ -140,7 +141,7 @@ class Claims:
                 )
         if rebound:
             try:
-                self._save()
+                await self._save()
             except OSError as err:
                 log.warning(
                     "DRA: the checkpoint %s cannot be written: %s", self.checkpoint_path, err
@@ -244,14 +245,18 @@ class Claims:
             held = self._held.get(claim.uid)
             if held is None:
                 held = await self._prepare_anew(claim)
-                self._held[claim.uid] = held  # no await from the checks to here
-                try:
-                    self._save()  # first: what is told below is in the checkpoint too
+                # no await from the checks to here: the ledger holds its devices
+                # before any other prepare looks
+                self._held[claim.uid] = held
+                self._tell_ledger(claim.uid, held, prepared=True)
+                try:  # the spec, then the checkpoint: a failed write prepares nothing
+                    await self._write_spec(claim.uid, held)
+                    await self._save()
                 except OSError:
                     del self._held[claim.uid]
+                    self._tell_ledger(claim.uid, held, prepared=False)
                     self.spec_path(claim.uid).unlink(missing_ok=True)
                     raise
-                self._tell_ledger(claim.uid, held, prepared=True)
             else:
                 gone = [d for d in held["devices"] if d.get("gone")]
                 if gone:
@@ -260,7 +265,7 @@ class Claims:
                         f"{gone[0]['device']} of pool {gone[0]['pool']} is gone: "
                         f"{gone[0]['gone']}; delete the pod so that the claim is allocated anew"
                     )
-                self._ensure_spec(claim.uid, held)
+                await self._ensure_spec(claim.uid, held)
             return [
                 Prepared(tuple(d["requests"]), d["pool"], d["device"], tuple(d["cdi_ids"]))
                 for d in held["devices"]
@@ -273,7 +278,7 @@ class Claims:
             held = self._held.pop(claim.uid, None)
             if held is not None:
                 self._tell_ledger(claim.uid, held, prepared=False)
-                self._save()
+                await self._save()
         if not lock.locked() and not lock.statistics().tasks_waiting:
             self._locks.pop(claim.uid, None)  # nobody holds or waits for it
 
@@ -351,15 +356,13 @@ class Claims:
             "kind": f"{self.driver}/{CDI_CLASS}",
             "devices": spec_devices,
         }
-        held = {
+        return {
             "namespace": ref.namespace,
             "name": ref.name,
             "boot_id": self.boot_id,
             "spec": spec,
             "devices": devices,
         }
-        self._write_spec(ref.uid, held)
-        return held
 
     def _blocked(self, plugin: Plugin, unit: str, names: list[Device], uid: str) -> str | None:
         """Why the node-wide ledger keeps this device from the claim: another
@@ -398,22 +401,26 @@ class Claims:
                     d["resource"], d["unit"], keys, uid, admin=d.get("admin", False)
                 )
 
-    def _ensure_spec(self, uid: str, held: dict[str, Any], *, again: bool = False) -> None:
+    async def _ensure_spec(self, uid: str, held: dict[str, Any], *, again: bool = False) -> None:
         if not held["spec"]["devices"]:
             self.spec_path(uid).unlink(missing_ok=True)  # every device is gone
             return
         if again or not self.spec_path(uid).exists():
             log.info("DRA: claim %s: its CDI spec is gone or changed: written again", uid)
-            self._write_spec(uid, held)
+            await self._write_spec(uid, held)
 
-    def _write_spec(self, uid: str, held: dict[str, Any]) -> None:
-        self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.spec_path(uid), json.dumps(held["spec"], indent=1).encode())
+    async def _write_spec(self, uid: str, held: dict[str, Any]) -> None:
+        """The claim's spec, written (and synced) in a worker thread."""
+        data = json.dumps(held["spec"], indent=1).encode()
+        path = self.spec_path(uid)
+        await trio.to_thread.run_sync(_write_in, path, data)
 
-    def _save(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {"version": CHECKPOINT_VERSION, "claims": self._held}
-        write_atomically(self.checkpoint_path, json.dumps(data).encode())
+    async def _save(self) -> None:
+        """The checkpoint as it is now, written (and synced) in a worker
+        thread; one save at a time, so that none overwrites a later one."""
+        async with self._saving:
+            data = json.dumps({"version": CHECKPOINT_VERSION, "claims": self._held}).encode()
+            await trio.to_thread.run_sync(_write_in, self.checkpoint_path, data)
 
     def prepared_devices(self) -> list[tuple[str, str, tuple[tuple[str, str, int, int], ...]]]:
         """Every device of every prepared claim, as (pool, device name, its
@@ -433,6 +440,12 @@ class Claims:
             except (KeyError, IndexError, TypeError):
                 continue
         return found
+
+
+def _write_in(path: Path, data: bytes) -> None:
+    """In a worker thread: the file, atomically, its directory made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, data)
 
 
 @dataclass

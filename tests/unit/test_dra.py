@@ -463,10 +463,12 @@ async def test_each_stream_gets_the_list_at_once_then_changes_and_again_every_re
     claims = make_claims(tmp_path, api, DEVICES)
     (plugin,) = claims.plugins()
     watch = HealthWatch(claims.prepared_devices, claims.plugins, NODE)
+    first = await watch.next_report(None)  # at once, even empty
+    assert first.devices == ()
+    # prepared with no deadline pending (its files are written in a worker
+    # thread, and the mock clock would jump to one meanwhile)
+    await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
     with trio.fail_after(100):
-        first = await watch.next_report(None)  # at once, even empty
-        assert first.devices == ()
-        await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
         watch.claims_changed()
         began = trio.current_time()
         healthy = await watch.next_report(first)
@@ -499,7 +501,8 @@ async def test_each_stream_gets_the_list_at_once_then_changes_and_again_every_re
         assert trio.current_time() == began + RESEND
         assert again.devices == got["a"].devices
 
-        await claims.unprepare(ClaimRef("ns", "c1", "uid-1"))
+    await claims.unprepare(ClaimRef("ns", "c1", "uid-1"))  # no deadline pending, as above
+    with trio.fail_after(100):
         watch.claims_changed()
         assert (await watch.next_report(again)).devices == ()
         assert trio.current_time() == began + RESEND
