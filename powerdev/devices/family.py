@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerdev.devices.inuse import BlockTopology
 
@@ -45,10 +45,11 @@ class Family:
     same: frozenset[Key] = frozenset()  # the same storage under other numbers
     below: frozenset[Key] = frozenset()  # what it lies on
     above: frozenset[Key] = frozenset()  # what lies on it
+    # all of them (kept: every verdict asks it)
+    overlapping: frozenset[Key] = field(init=False, repr=False, compare=False)
 
-    @property
-    def overlapping(self) -> frozenset[Key]:
-        return self.same | self.below | self.above
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overlapping", self.same | self.below | self.above)
 
 
 NO_FAMILY = Family()

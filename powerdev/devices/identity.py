@@ -282,8 +282,18 @@ def devname(sys_dir: Path) -> str | None:
 
 
 def kernel_name(sys_root: Path, kind: str, number: Number) -> str | None:
-    """The node's name under /dev as the kernel gives it, if sysfs has it."""
-    return devname(sys_root / "dev" / _kind_dir(kind) / f"{number[0]}:{number[1]}")
+    """The node's name under /dev as the kernel gives it, if sysfs has it.
+    (Plain strings: a look asks it of every device.)"""
+    uevent = f"{os.fspath(sys_root)}/dev/{_kind_dir(kind)}/{number[0]}:{number[1]}/uevent"
+    try:
+        with open(uevent, "rb") as f:
+            text = f.read(4096).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("DEVNAME="):
+            return line[len("DEVNAME=") :].strip() or None
+    return None
 
 
 def block_devices_with(

@@ -417,7 +417,9 @@ class BlockTopology:
         return self._once(("alias", number), lambda: self._aliased_disks(number))
 
     def _aliased_disks(self, number: Number) -> tuple[str, ...]:
-        char = self.sys_root / "dev" / "char" / f"{number[0]}:{number[1]}"
+        char = f"{os.fspath(self.sys_root)}/dev/char/{number[0]}:{number[1]}"
+        if _link(char) is None:
+            return ()  # not in sysfs: the common case for a node of no class, one call
         try:
             here = Path(os.path.realpath(char, strict=True))
         except (OSError, ValueError):

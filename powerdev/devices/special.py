@@ -146,6 +146,7 @@ _KERNEL_PATH_PATTERNS = (
     ("/dev/cpu/*/cpuid", _CPU),
     ("/dev/input/*", _INPUT),
 )
+_KERNEL_PREFIXES = tuple(p.split("*", 1)[0] for p, _ in _KERNEL_PATH_PATTERNS)
 
 
 def _sysfs_char(sys_root: Path, major: int, minor: int) -> str | None:
@@ -193,6 +194,8 @@ def by_path(kind: str, path: str) -> str | None:
         return None
     if path in _KERNEL_PATHS:
         return _KERNEL_PATHS[path]
+    if not path.startswith(_KERNEL_PREFIXES):
+        return None  # the common case, at the cost of one call
     for pattern, why in _KERNEL_PATH_PATTERNS:
         if gomatch.match(pattern, path):
             return why

@@ -42,6 +42,7 @@ from powerdev.devices.model import BlockFacts
 from powerdev.devices.udevdb import UdevDatabase
 
 log = logging.getLogger(__name__)
+ADOPT_STEP = 2000  # names a survey adopts in one Trio step
 
 Number = tuple[int, int]
 
@@ -177,9 +178,9 @@ class DeviceTable:
     def overlapping(self, key: Key) -> frozenset[Key]:
         """Every device that shares a block with this one, either side's
         knowledge counted (an alias knows its disk; the disk learns it here)."""
-        mine = self.facts(key).family.overlapping
+        facts = self._facts.get(key) or self.facts(key)
         back = self._reverse.get(key)
-        return mine | back if back else mine
+        return facts.family.overlapping | back if back else facts.family.overlapping
 
     def relation(self, key: Key, other: Key) -> str:
         """How `other` overlaps `key`: "it" (the same device), "disk" (its
@@ -241,7 +242,16 @@ class DeviceTable:
         self._surveys += 1
         try:
             found = await trio.to_thread.run_sync(plan.survey, paths)
-            return self.adopt(found, since=plan.gen)
+            changes = Changes()
+            items = list(found.paths.items())
+            for start in range(0, len(items), ADOPT_STEP):  # a Trio step each
+                if start:
+                    await trio.lowlevel.checkpoint()
+                part = dict(items[start : start + ADOPT_STEP])
+                facts = {k: found.facts[k] for k in set(part.values()) if k in found.facts}
+                tables = found.tables if not start else None
+                changes |= self.adopt(Survey(part, facts, tables), since=plan.gen)
+            return changes
         finally:
             self._surveys -= 1
             if not self._surveys:

@@ -87,15 +87,25 @@ def properties_ok(resource: ResourceConfig, key: Key, table: DeviceTable) -> boo
     return properties_match(resource.match_properties, table.properties(key))
 
 
-def describe(resource: ResourceConfig, key: Key, host_path: str, table: DeviceTable) -> Device:
+def describe(
+    resource: ResourceConfig,
+    key: Key,
+    host_path: str,
+    table: DeviceTable,
+    *,
+    unit: str | None = None,
+) -> Device:
     """The device as this resource lists it, from the table's facts: its
     NUMA node and identity; in "each" mode named by its identity
     (multipath UUID, WWN, serial, loop backing file) where it has one, so
     the same disk keeps its ID across reboots and renumbering; for a DRA
-    resource, a block device with its size, vendor and model."""
+    resource, a block device with its size, vendor and model. `unit`: the
+    ID, where the caller chose it ("all" mode, a device with several names)."""
     facts = table.facts(key)
     kind, major, minor = key
-    if resource.allocation == "each":
+    if unit is not None:
+        pass
+    elif resource.allocation == "each":
         unit = unit_id(key, facts.identity, facts.kernel_name)
     else:
         unit = device_id(host_path)

@@ -119,7 +119,9 @@ class Ledger:
         self._provisional: set[Key] = set()  # held at start, until the kubelet says
         self._units: dict[tuple[str, str], dict[str, int]] = {}  # (resource, api) -> unit -> keys
         self._waits: dict[Holder, float] = {}  # holders something waits for -> since
-        self._dirty: set[Key] = set()
+        # keys whose rulings may have changed -> the one resource that has ruled
+        # on them since (its own listing: it rules right after), or None
+        self._dirty: dict[Key, str | None] = {}
         self._sides: set[str] = set()  # "both" resources whose holds changed
         self._views: dict[str, View] = {}
         self._wake = trio.Event()
@@ -140,23 +142,29 @@ class Ledger:
         self.settle()
 
     def add_listing(self, resource: str, key: Key, path: str) -> None:
-        """The resource lists this device (under `path`, among its names)."""
+        """The resource lists this device (under `path`, among its names);
+        it rules on it itself right after, the others must again."""
         self._named[(key, resource)] = path
         if self._listers.add(key, resource):
-            self._mark(key)
+            self._mark(key, resource)
 
     def drop_listing(self, resource: str, key: Key) -> None:
         self._named.pop((key, resource), None)
         if self._listers.discard(key, resource):
-            self._mark(key)
+            self._mark(key, resource)
 
     def _family(self, key: Key) -> frozenset[Key]:
         return self.table.overlapping(key) if self.table is not None else frozenset()
 
-    def _mark(self, key: Key) -> None:
-        """Rulings on this device and its family may change."""
-        self._dirty.add(key)
-        self._dirty.update(self._family(key))
+    def _mark(self, key: Key, by: str | None = None) -> None:
+        """Rulings on this device and its family may change (`by`: the
+        resource whose own change it was, which rules on them itself)."""
+        for each in (key, *self._family(key)):
+            self._dirty[each] = by if self._dirty.get(each, by) == by else None
+
+    def _dirty_all(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self._dirty[key] = None
 
     def name_of(self, key: Key, resource: str | None = None) -> str:
         """A name of the device: the one `resource` lists it by, if it does."""
@@ -207,9 +215,9 @@ class Ledger:
             self._provisional.add(key)
         self._count(holder, +1)
         # its family may be blocked now; itself only if someone else lists it
-        self._dirty.update(self._family(key))
+        self._dirty_all(self._family(key))
         if old is not None or any(r != holder.resource for r in self._listers.get(key)):
-            self._dirty.add(key)
+            self._dirty[key] = None
 
     def _unhold(self, key: Key, holder: Holder) -> None:
         keys = self._by_holder.get(holder)
@@ -279,7 +287,7 @@ class Ledger:
         now = trio.current_time()
         for key in keys:
             self._hold(key, holder, now)
-            self._dirty.add(key)  # its own resource's other side rules again too
+            self._dirty[key] = None  # its own resource's other side rules again too
         self.settle()
 
     def unclaimed(self, claim: str) -> None:
@@ -289,6 +297,15 @@ class Ledger:
                 log.info("%s: %s is unprepared", self.name_of(key), holder)
                 self._release(key)
         self.settle()
+
+    def quiet(self, key: Key, resource: str) -> bool:
+        """Nothing to rule on for this device: no other lister, no holder, no
+        family (the common case, asked first)."""
+        if key in self._holds or self._listers.several(key):
+            return False
+        if self._listers.get(key) not in ((), (resource,)):
+            return False
+        return not self._family(key)
 
     def blocking(
         self, key: Key, resource: ResourceConfig, unit: str | None, *, claim: str | None = None
@@ -342,12 +359,14 @@ class Ledger:
                 self._dirty.clear()
                 self._sides.clear()
                 return
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty, {}
             sides, self._sides = self._sides, set()
             for view in list(self._views.values()):
-                if dirty:
-                    view.regate(dirty)
-                if view.resource.name in sides:
+                name = view.resource.name
+                keys = {key for key, excused in dirty.items() if excused != name}
+                if keys:
+                    view.regate(keys)
+                if name in sides:
                     view.sides_changed()
 
     # --- what pods hold, as the kubelet says ---------------------------------
@@ -384,6 +403,8 @@ class Ledger:
             units = ids if view.resource.allocation == "each" else {None}
             for unit in sorted(units, key=str):
                 holder = Holder(name, unit)
+                if holder in self._by_holder:
+                    continue  # held already (the common case: granted here)
                 for key in view.keys_of(unit):
                     if key not in self._holds:
                         self._hold(key, holder, asked_at)

@@ -91,8 +91,13 @@ class Plugin:
             self.tracker.regate(keys)
 
     def keys_of(self, unit: str | None) -> list[tuple[str, int, int]]:
-        devices = self.inventory.current.devices
-        return sorted({d.key for d in devices if unit is None or d.id == unit})
+        snapshot = self.inventory.current
+        if unit is None:
+            return sorted({d.key for d in snapshot.devices})
+        if self._by_unit_version != snapshot.version:
+            self._by_unit = allocation.by_unit(snapshot.devices)
+            self._by_unit_version = snapshot.version
+        return sorted({d.key for d in self._by_unit.get(unit, ())})
 
     def sides_changed(self) -> None:
         """A "both" resource: what each API holds changed; every stream and

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.devices import gomatch
+from powerdev.devices import gomatch, special
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.family import Key
 from powerdev.devices.inventory import Inventory
@@ -50,9 +49,10 @@ from powerdev.resources.matching import (
     wanted_key,
 )
 from powerdev.resources.ownership import Ledger, describe_key
-from powerdev.resources.verdict import LEFT_OUT, OFFERED, Case, Verdict, judge
+from powerdev.resources.verdict import LEFT_OUT, OFFER, OFFERED, Case, Verdict, judge
 
 log = logging.getLogger(__name__)
+STEP = 1000  # names ruled on in one Trio step of a rescan
 
 
 class Tracker:
@@ -83,6 +83,7 @@ class Tracker:
         self._first: dict[str, Key] = {}  # name -> the device first seen there
         self._said: dict[str, Verdict] = {}  # name -> the verdict last logged, when not offered
         self._listed: set[Key] = set()  # keys it lists in the ledger
+        self._fresh: set[str] | None = None  # names events redid while a rescan publishes
         self._scan_seq = 0  # rescans begun
         self._published_seq = 0  # the latest-begun rescan published
         self.detached = False  # no longer served: publishes nothing more
@@ -110,20 +111,42 @@ class Tracker:
         began = self._scan_seq
         paths = await trio.to_thread.run_sync(self._glob, using)
         # the names it lists now too: one may be gone, with no event to say so
-        changes = await self.table.survey([*paths, *self._mine])
+        candidates = list(dict.fromkeys([*paths, *self._mine]))
+        changes = await self.table.survey(candidates)
         if self.detached or began <= self._published_seq:
             self._follow_others(changes)
             return False
         self._published_seq = began
-        self.resource = using
-        wanted_now = {
-            p: k
-            for p in {*paths, *self._mine}
-            if (k := self.table.key_of(p)) is not None and wanted_key(using, p, k)
-        }
-        changed = self._redo(wanted_now, replace_all=True)
+        changed = await self._publish_in_steps(using, candidates)
         self._follow_others(changes)
         return changed
+
+    async def _publish_in_steps(self, using: ResourceConfig, candidates: list[str]) -> bool:
+        """Rule on every candidate under `using`, STEP names a Trio step (at
+        10,000 devices one step would hold the thread for hundreds of ms),
+        then put the settings and the whole list in force at once: no
+        Allocate sees the new settings with the old list, or the other way.
+        What events redo meanwhile is fresher, and kept."""
+        rulings: dict[str, Device | None] = {}
+        self._fresh = set()
+        try:
+            for start in range(0, len(candidates), STEP):
+                if start:
+                    await trio.lowlevel.checkpoint()
+                chunk = {p: self.table.key_of(p) for p in candidates[start : start + STEP]}
+                in_force, self.resource = self.resource, using  # for this step only
+                try:
+                    rulings.update(self._rulings(chunk))
+                finally:
+                    self.resource = in_force
+        finally:
+            fresh, self._fresh = self._fresh, None
+        for path in fresh:
+            rulings.pop(path, None)
+        gone = [p for p in self.inventory.by_path if p not in self.found and p not in fresh]
+        rulings.update(dict.fromkeys(gone))
+        self.resource = using
+        return self.inventory.update(rulings)
 
     def _glob(self, resource: ResourceConfig) -> list[str]:
         """In a worker thread: the names the resource's patterns reach now."""
@@ -197,7 +220,17 @@ class Tracker:
         their verdicts (with replace_all, these are all its names)."""
         if replace_all:
             paths = {**dict.fromkeys(self._mine), **paths}
-        found_changes: dict[str, Device | None] = {}
+        if self._fresh is not None:  # a rescan is publishing in steps: this is fresher
+            self._fresh.update(paths)
+        rulings = self._rulings(paths)
+        if replace_all:
+            gone = [p for p in self.inventory.by_path if p not in self.found]
+            rulings.update(dict.fromkeys(gone))
+        return self.inventory.update(rulings)
+
+    def _rulings(self, paths: dict[str, Key | None]) -> dict[str, Device | None]:
+        """What these names are advertised as now (their state updated)."""
+        reached: dict[str, Key | None] = {}
         touched: set[Key] = set()
         for path, key in paths.items():
             old = self._mine.get(path)
@@ -206,45 +239,32 @@ class Tracker:
             if key is None or not self._wants_key(path, key):
                 self._mine.pop(path, None)
                 self._first.pop(path, None)
-                found_changes[path] = None
+                reached[path] = None
                 continue
             self._mine[path] = key
             self._first.setdefault(path, key)
             touched.add(key)
-            device = None
-            if properties_ok(self.resource, key, self.table):
-                device = describe(self.resource, key, path, self.table)
-            found_changes[path] = device
-        self._set_found(found_changes)
-        self._list(touched)
-        ids = self._all_mode_ids(touched)
-        rulings = {}
-        for path, device in found_changes.items():
-            if device is not None and device.key in ids:
-                device = replace(device, id=ids[device.key])
-            rulings[path] = self._rule(device)
-        # the other names of a device whose "all"-mode ID changed, too
-        for key in touched:
-            for path in self._by_key.get(key):
-                if path not in rulings:
-                    device = self.found[path]
-                    rulings[path] = self._rule(replace(device, id=ids.get(key, device.id)))
-        if replace_all:
-            gone = [p for p in self.inventory.by_path if p not in self.found]
-            rulings.update(dict.fromkeys(gone))
-        return self.inventory.update(rulings)
-
-    def _set_found(self, changes: dict[str, Device | None]) -> None:
-        for path, device in changes.items():
-            old = self.found.get(path)
+            reached[path] = key if properties_ok(self.resource, key, self.table) else None
+        for path, key in reached.items():
+            old = self.found.pop(path, None)
             if old is not None:
                 self._by_key.discard(old.key, path)
-            if device is None:
-                self.found.pop(path, None)
+            if key is None:
                 self._said.pop(path, None)
             else:
-                self.found[path] = device
-                self._by_key.add(device.key, path)
+                self._by_key.add(key, path)
+        self._list(touched)
+        ids = self._all_mode_ids(touched)
+        redo = dict.fromkeys(p for p, k in reached.items() if k is not None)
+        for key in ids:  # the other names of a device whose "all"-mode ID may have changed
+            redo.update(dict.fromkeys(self._by_key.get(key)))
+        rulings: dict[str, Device | None] = {p: None for p, k in reached.items() if k is None}
+        for path in redo:
+            key = self._mine[path]
+            device = describe(self.resource, key, path, self.table, unit=ids.get(key))
+            self.found[path] = device
+            rulings[path] = self._rule(device)
+        return rulings
 
     def _list(self, keys: Iterable[Key]) -> None:
         """The ledger hears which devices it reaches (host use aside)."""
@@ -264,13 +284,14 @@ class Tracker:
                 self.ledger.drop_listing(self.resource.name, key)
 
     def _all_mode_ids(self, keys: Iterable[Key]) -> dict[Key, str]:
-        """ "all" mode: one ID for every name of a device."""
+        """ "all" mode: one ID for every name of a device (only devices with
+        several names need asking: one name's ID is its own)."""
         if self.resource.allocation == "each":
             return {}
         ids = {}
         for key in keys:
             names = self._by_key.get(key)
-            if names:
+            if len(names) > 1:
                 ids[key] = shared_id(names, self.table.facts(key).kernel_name)
         return ids
 
@@ -294,13 +315,22 @@ class Tracker:
             return device
         if verdict.state == LEFT_OUT:
             return None
-        return replace(device, healthy=False)
+        return sick(device)
 
     def verdict(self, device: Device, *, listed: bool | None = None) -> Verdict:
         """The one verdict (verdict.py) on one of its names, now."""
         key, path, resource = device.key, device.path, self.resource
         facts = self.table.facts(key)
         first = self._first.get(path, key)
+        if (
+            first == key
+            and facts.literal_only is None
+            and (facts.host_use is None or resource.allow_host_used)
+            and not (facts.has_partitions and resource.allocation == "each")
+            and (self.ledger is None or self.ledger.quiet(key, resource.name))
+            and special.by_path(key[0], path) is None
+        ):
+            return OFFER  # the common case: nothing to rule on, at a few lookups
         renumbered = None
         if first != key:
             renumbered = (
@@ -344,11 +374,7 @@ class Tracker:
             return
         paths = [p for key in keys for p in self._by_key.get(key)]
         if paths:
-            self.inventory.update({p: self._rule(self._with_id(self.found[p])) for p in paths})
-
-    def _with_id(self, device: Device) -> Device:
-        listed = self.inventory.by_path.get(device.path)
-        return replace(device, id=listed.id) if listed is not None else device
+            self.inventory.update({p: self._rule(self.found[p]) for p in paths})
 
     def keys_of(self, unit: str | None) -> list[Key]:
         devices = self.inventory.current.devices
@@ -364,6 +390,23 @@ class Tracker:
         self.detached = True
         if self.ledger is not None:
             self.ledger.detach(self.resource.name)
+
+
+def sick(device: Device) -> Device:
+    """The device, Unhealthy (dataclasses.replace costs ten times as much)."""
+    return Device(
+        device.id,
+        device.path,
+        device.kind,
+        device.major,
+        device.minor,
+        False,
+        device.numa,
+        device.identity,
+        device.whole_disk,
+        device.has_partitions,
+        device.facts,
+    )
 
 
 def apply_events(
