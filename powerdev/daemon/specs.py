@@ -14,7 +14,9 @@ from pathlib import Path
 import trio
 
 from powerdev.config import ResourceConfig
-from powerdev.resources.cdi import Held, SpecWriteError, SpecWriter
+from powerdev.devices.table import DeviceTable
+from powerdev.resources.cdi import Held, SpecWriteError, SpecWriter, device_name
+from powerdev.resources.matching import unit_id
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -22,8 +24,14 @@ log = logging.getLogger(__name__)
 
 class SpecWriters:
     def __init__(
-        self, spec_dir: Path, held_ids: Held, recheck_interval: float, nursery: trio.Nursery
+        self,
+        spec_dir: Path,
+        held_ids: Held,
+        recheck_interval: float,
+        nursery: trio.Nursery,
+        table: DeviceTable | None = None,
     ) -> None:
+        self._table = table
         self._spec_dir = spec_dir
         self._held_ids = held_ids
         self._interval = recheck_interval
@@ -39,9 +47,36 @@ class SpecWriters:
             retiring.cancel()
         writer = self._writers.get(name)
         if writer is None:
-            writer = SpecWriter(self._spec_dir, name, self._held_ids)
+            writer = SpecWriter(
+                self._spec_dir, name, self._held_ids, reaches_other=self._reaches_other
+            )
             self._writers[name] = writer
         return writer
+
+    def _reaches_other(self, name: str, nodes: list[dict[str, object]], each: bool) -> str | None:
+        """Whether a name kept for a pod now reaches another device: its
+        numbers belong to a device the node's table knows that is another
+        unit ("each": a unit is named by what the device is), or (in "all"
+        mode, named by path) that its path no longer names."""
+        if self._table is None:
+            return None
+        for node in nodes:
+            major, minor = node.get("major"), node.get("minor")
+            if not isinstance(major, int) or not isinstance(minor, int):
+                continue  # not a node this daemon wrote
+            key = (str(node.get("type")), major, minor)
+            path = str(node.get("hostPath"))
+            names = self._table.names(key)
+            if not names:
+                continue  # nothing there the table knows of
+            if each:
+                facts = self._table.facts(key)
+                unit = device_name(unit_id(key, facts.identity, facts.kernel_name))
+                if unit != name:
+                    return f"{key[1]}:{key[2]} is {unit} now"
+            elif self._table.key_of(path) != key and path not in names:
+                return f"{key[1]}:{key[2]} is {', '.join(names)} now"
+        return None
 
     def retiring(self, name: str) -> bool:
         return name in self._retiring

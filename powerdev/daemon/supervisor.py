@@ -193,9 +193,6 @@ class Running:
         self.status = StatusFile(settings.status_file)
         self._scopes: dict[str, trio.CancelScope] = {}
         self.pods = PodsHold(settings.pod_resources_socket)
-        self.specs = SpecWriters(
-            settings.cdi_spec_dir, self.pods.held_ids, settings.cdi_recheck_interval, nursery
-        )
         self._applied = trio.Event()
         # the node's devices, and one holder for each, across the resources and APIs
         self.table = DeviceTable(
@@ -203,6 +200,13 @@ class Running:
             settings.sys_root,
             udev=settings.udev,
             host=HostFiles(settings.mountinfo, SWAPS),
+        )
+        self.specs = SpecWriters(
+            settings.cdi_spec_dir,
+            self.pods.held_ids,
+            settings.cdi_recheck_interval,
+            nursery,
+            self.table,
         )
         self.ledger = Ledger(self.table)
         self.dra = DraDriver(

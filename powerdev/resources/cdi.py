@@ -135,8 +135,19 @@ class SpecWriter:
     off, once its last holder is gone.
     """
 
-    def __init__(self, spec_dir: Path, resource_name: str, held_ids: Held | None = None) -> None:
+    def __init__(
+        self,
+        spec_dir: Path,
+        resource_name: str,
+        held_ids: Held | None = None,
+        *,
+        reaches_other: Callable[[str, list[dict[str, object]], bool], str | None] | None = None,
+    ) -> None:
         self.path = spec_path(spec_dir, resource_name)
+        # Does a kept name's node now reach another device (its numbers given
+        # to another LUN meanwhile)? Then it is dropped: never a container
+        # started with what now sits at the old numbers. Says what, or None.
+        self._reaches_other = reaches_other
         self._resource_name = resource_name
         self._held_ids = held_ids
         self._entries: dict[str, list[dict[str, object]]] | None = None  # the file's; None: unread
@@ -186,12 +197,27 @@ class SpecWriter:
         if self._entries is None:
             self._entries, stale = await trio.to_thread.run_sync(_read_entries, self.path)
         devices = snapshot.devices if resource.cdi and snapshot is not None else ()
-        old = self._entries
-        may_hold = _may_be_held(resource, held)
+        written = old = self._entries
+        held_here = _may_be_held(resource, held)
+        current_names = {device_name(d.id) for d in devices if d.healthy}
+        for name, nodes in list(old.items()):
+            if name in current_names or not held_here(name) or self._reaches_other is None:
+                continue
+            other = self._reaches_other(name, nodes, resource.allocation == "each")
+            if other is not None:
+                log.warning(
+                    "%s: the CDI spec %s drops %s, which a pod may still hold: %s",
+                    self._resource_name,
+                    self.path,
+                    name,
+                    other,
+                )
+                old = {k: v for k, v in old.items() if k != name}
+        may_hold = held_here
         try:
             with trio.CancelScope(shield=True):  # the thread runs to the end anyway
                 merged, kept = await trio.to_thread.run_sync(
-                    _merge_and_write, self.path, resource, devices, old, may_hold, stale
+                    _merge_and_write, self.path, resource, devices, old, written, may_hold, stale
                 )
         except OSError as err:
             raise SpecWriteError(self.path, err) from None
@@ -223,15 +249,17 @@ def _merge_and_write(
     resource: ResourceConfig,
     devices: tuple[Device, ...],
     old: dict[str, list[dict[str, object]]],
+    written: dict[str, list[dict[str, object]]],
     may_hold: Callable[[str], bool],
     stale: bool,
 ) -> tuple[dict[str, list[dict[str, object]]], set[str]]:
     """In a worker thread: the spec's entries now (the devices', and those of
-    `old` a pod may hold), written when they changed; and the names kept."""
+    `old` a pod may hold), written when they differ from what the file holds
+    (`written`); and the names kept."""
     current = _entries(resource, devices)
     kept = {name: nodes for name, nodes in old.items() if name not in current and may_hold(name)}
     merged = current | kept
-    if merged != old or stale:
+    if merged != written or stale:
         if merged:
             # compact: the C encoder (indent makes json use its pure-Python one)
             write_atomically(path, json.dumps(_spec(resource.name, merged)).encode())

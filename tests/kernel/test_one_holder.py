@@ -22,7 +22,13 @@ from powerdev.ops import scan
 from powerdev.resources.ownership import find_overlap
 from powerdev.resources.tracker import Tracker
 from powerdev.resources.verdict import EACH_DISK_WITH_PARTITIONS
-from tests.conftest import config_for, daemon_and_kubelet, needs_root, require_command
+from tests.conftest import (
+    config_for,
+    daemon_and_kubelet,
+    needs_root,
+    require_command,
+    wait_gone,
+)
 from tests.kernel.test_host_use_topology import (
     DEV,
     MOUNTINFO,
@@ -151,3 +157,45 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             await kubelet.wait_until(lambda k: units() == {new: "Healthy"})
             grant = await kubelet.allocate(name, [new])
             assert [d.host_path for d in grant.devices] == [node]
+
+
+async def test_a_cdi_name_a_pod_holds_is_dropped_once_its_numbers_are_another_device(tmp_path):
+    """A pod holds a loop device's unit through CDI; the loop number is bound
+    to another file. The spec keeps names a pod may still be started with,
+    but not this one: its numbers reach another device now, and a restarted
+    container must not open it."""
+    first = sparse(tmp_path / "first.img", 4 * MiB)
+    second = sparse(tmp_path / "second.img", 4 * MiB)
+    specs = tmp_path / "cdi"
+    specs.mkdir()  # /var/run/cdi, as the DaemonSet mounts it
+    config = config_for(
+        f'{{"include-devices": ["/dev/loop{FIRST + 3}"], "allocation": "each", "cdi": true}}'
+    )
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        node = loops.attach(FIRST + 3, first)
+        async with daemon_and_kubelet(
+            tmp_path,
+            config,
+            dev_root=Path("/dev"),
+            sys_root=Path("/sys"),
+            uevents="kernel",
+            cdi_spec_dir=specs,
+            cdi_recheck_interval=0.05,
+        ) as h:
+            kubelet, name = h.kubelet, h.name
+
+            def units() -> dict[str, str]:
+                return dict(kubelet.resources[name].devices)
+
+            await kubelet.wait_until(lambda k: len(units()) == 1)
+            (old,) = units()
+            await kubelet.allocate(name, [old])
+            kubelet.pods = {"p1": {name: [old]}}  # and it stays held
+            spec = specs / "power-dev-plugin-dev.json"
+            assert old in spec.read_text()
+            run("losetup", "--detach", node)
+            run("losetup", node, str(second))
+            await kubelet.wait_until(lambda k: old not in units() and len(units()) == 1)
+            # the spec held only that name, and the new device waits (Unhealthy):
+            # nothing is left to name, so the file goes
+            await wait_gone(spec)
