@@ -117,6 +117,7 @@ def _dra_settings(args: argparse.Namespace, config: Config) -> object:
         kubeconfig=args.kubeconfig,
         plugins_dir=args.dra_plugins_dir,
         registry_dir=args.dra_registry_dir,
+        boot_id=args.boot_id_file,
     )
 
 

@@ -132,6 +132,16 @@ def _dra(run: argparse.ArgumentParser) -> None:
         help="the kubelet's plugin registry, where <driver>-reg.sock goes "
         f"[env POWERDEV_DRA_REGISTRY_DIR; default {DEFAULT_DRA_REGISTRY_DIR}]",
     )
+    run.add_argument(
+        "--boot-id-file",
+        type=Path,
+        default=Path(env("BOOT_ID_FILE", DEFAULT_BOOT_ID_FILE)),
+        help="this boot's ID, to tell a DRA claim prepared before a reboot [env "
+        f"POWERDEV_BOOT_ID_FILE; default {DEFAULT_BOOT_ID_FILE}]",
+    )
+
+
+DEFAULT_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"  # not namespaced: the host's
 
 
 def _bench(sub: argparse._SubParsersAction) -> None:

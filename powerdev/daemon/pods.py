@@ -61,20 +61,30 @@ class PodsHold:
 
 
 
-def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger) -> None:
+async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the
     device plugin API counts as held by the unit it is listed as, so that a
     device that changes meanwhile waits. The ledger asks the kubelet at
-    once, and again every recheck interval until it answers."""
+    once, and again every recheck interval until it answers. `step` units
+    a Trio step."""
+    held = 0
     for plugin in plugins:
         if not plugin.resource.device_plugin:
             continue
         devices = plugin.inventory.current.devices
         name = plugin.resource.name
-        if plugin.resource.allocation != "each":
-            ledger.provisional(name, None, [d.key for d in devices])
-            continue
-        for unit, names in allocation.by_unit(devices).items():
-            ledger.provisional(name, unit, [d.key for d in names])
+        if plugin.resource.allocation == "each":
+            units = list(allocation.by_unit(devices).items())
+        else:
+            units = [(None, list(devices))]  # "all": any unit holds every device
+        for unit, names in units:
+            keys = [d.key for d in names]
+            for at in range(0, len(keys), step):
+                part = keys[at : at + step]
+                ledger.provisional(name, unit, part)
+                held += len(part)
+                if held >= step:
+                    held = 0
+                    await trio.lowlevel.checkpoint()
     ledger.settle()

@@ -154,7 +154,7 @@ async def run(
             # held until the kubelet says what pods hold (it is asked at once;
             # with no PodResources socket configured there is no one to ask).
             if running.pods.socket is not None:
-                hold_at_start(running.plugins, running.ledger)
+                await hold_at_start(running.plugins, running.ledger)
             await running.dra.resume()  # and what claims hold, before any Allocate
             for source in sources:
                 nursery.start_soon(_follow, source, running, nursery)

@@ -233,8 +233,44 @@ class Ledger:
     def _release(self, key: Key) -> None:
         old = self._holds.pop(key, None)
         if old is not None:
+            waited = old in self._waits
             self._unhold(key, old)
-            self._mark(key)
+            # its family may be free now; itself only where its ruling can
+            # change: someone else lists it, or waited for this holder
+            self._dirty_all(self._family(key))
+            if waited or any(r != old.resource for r in self._listers.get(key)):
+                self._dirty[key] = None
+
+    def _release_all(self, holder: Holder, keys: list[Key]) -> None:
+        """_release() for many devices of one holder, at a few dict
+        operations each (every provisional hold goes at the first answer)."""
+        if not keys:
+            return
+        waited = holder in self._waits
+        holds, provisional, listers, dirty = (
+            self._holds,
+            self._provisional,
+            self._listers,
+            self._dirty,
+        )
+        for key in keys:
+            del holds[key]
+            provisional.discard(key)
+            family = self._family(key)
+            if family:
+                self._dirty_all(family)
+            if waited or listers.several(key) or listers.get(key) not in ((), (holder.resource,)):
+                dirty[key] = None
+        mine = self._by_holder.get(holder)
+        if mine is not None:
+            mine.difference_update(keys)
+            if not mine:
+                del self._by_holder[holder]
+                self._at.pop(holder, None)
+                self._waits.pop(holder, None)
+        if holder.unit is not None:
+            for _ in keys:
+                self._count(holder, -1)
 
     def _count(self, holder: Holder, step: int) -> None:
         if holder.unit is None:
@@ -382,20 +418,19 @@ class Ledger:
                 continue  # a claim: the kubelet's PodResources cannot say
             ids = held.get(holder.resource, set())
             still = bool(ids) if holder.unit is None else holder.unit in ids
-            keys = sorted(self._by_holder[holder])
+            keys = self._by_holder[holder]
             if still:
                 self._provisional.difference_update(keys)
                 continue
             fresh = self._at.get(holder, 0.0) >= settled
-            for key in keys:
-                if key in self._provisional or not fresh:
-                    if holder in self._waits:
-                        log.info(
-                            "%s: the kubelet says no pod holds %s any more",
-                            self.name_of(key),
-                            holder,
-                        )
-                    self._release(key)
+            free = list(keys) if not fresh else [k for k in keys if k in self._provisional]
+            if free and holder in self._waits:
+                log.info(
+                    "%s: the kubelet says no pod holds %s any more",
+                    ", ".join(self.name_of(k) for k in sorted(free)[:5]),
+                    holder,
+                )
+            self._release_all(holder, free)
         for name, ids in held.items():
             view = self._views.get(name)
             if view is None or not ids:

@@ -118,6 +118,7 @@ class Tracker:
             return False
         self._published_seq = began
         changed = await self._publish_in_steps(using, candidates)
+        await trio.lowlevel.checkpoint()  # the list was put in force in the step before
         self._follow_others(changes)
         return changed
 

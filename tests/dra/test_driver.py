@@ -125,11 +125,13 @@ async def dra_node(
     *,
     both: bool = False,
     options: tuple[str, ...] = (),
+    host_devices: tuple[str, ...] = (),
 ) -> AsyncIterator[Node]:
     """A Ready Node of our own (tainted for our pods only), its namespace,
     the harness as its kubelet, a DeviceClass for the resource, a device
     tree with one distinct character node, and the config ("api": "dra",
-    or with `both` "api": "both" in CDI mode; `options` for `powerdev run`)."""
+    or with `both` "api": "both" in CDI mode; `options` for `powerdev run`).
+    With `host_devices` (patterns), the host's own /dev and those instead."""
     name = f"dra-{secrets.token_hex(3)}"
     driver = f"{name}.powerdev.test"
     await api.create_node(name, taints=[{"key": TAINT, "value": name, "effect": "NoSchedule"}])
@@ -144,13 +146,14 @@ async def dra_node(
             "spec": {"selectors": [{"cel": {"expression": cel}}]},
         },
     )
-    dev = tmp_path / "dev"
-    make_nodes(dev, list(devices))
+    dev = Path("/dev") if host_devices else tmp_path / "dev"
+    if not host_devices:
+        make_nodes(dev, list(devices))
     config = tmp_path / "config.json"
     entry = {
         "name": RESOURCE,
         "api": "dra",
-        "include-devices": ["/dev/dra*"],
+        "include-devices": list(host_devices) or ["/dev/dra*"],
         "permissions": "rw",
         "device-uid": UID,
         "device-gid": GID,
