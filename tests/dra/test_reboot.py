@@ -60,9 +60,8 @@ async def test_after_a_reboot_a_prepared_claim_follows_its_device_to_its_new_num
             spec.unlink()
             boot.write_text("after-the-reboot\n")
             run("losetup", "--detach", old)
-            loops.bound.remove(old)
             new = loops.attach(FIRST + 1, ours)
-            loops.attach(FIRST, other)  # another device at the claim's old numbers
+            run("losetup", old, str(other))  # another device at the claim's old numbers
             config = tmp_path / "config.json"
             config.write_text(config.read_text().replace(f'"{old}"', f'"{old}", "{new}"'))
             async with powerdev(node):
