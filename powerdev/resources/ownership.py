@@ -236,9 +236,11 @@ class Ledger:
             waited = old in self._waits
             self._unhold(key, old)
             # its family may be free now; itself only where its ruling can
-            # change: someone else lists it, or waited for this holder
+            # change: someone else lists it, waited for this holder, or a
+            # claim held it (which the device plugin side of its own resource
+            # counts as another holder)
             self._dirty_all(self._family(key))
-            if waited or any(r != old.resource for r in self._listers.get(key)):
+            if waited or old.api == DRA or any(r != old.resource for r in self._listers.get(key)):
                 self._dirty[key] = None
 
     def _release_all(self, holder: Holder, keys: list[Key]) -> None:
@@ -246,7 +248,7 @@ class Ledger:
         operations each (every provisional hold goes at the first answer)."""
         if not keys:
             return
-        waited = holder in self._waits
+        waited = holder in self._waits or holder.api == DRA
         holds, provisional, listers, dirty = (
             self._holds,
             self._provisional,

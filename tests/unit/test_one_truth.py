@@ -199,3 +199,20 @@ async def test_dra_never_prepares_what_overlaps_a_prepared_device(tmp_path, firs
         await claims.unprepare(sibling)
     await claims.unprepare(held)
     await claims.prepare(claim("c2", "uid-2", second))
+
+
+async def test_a_device_a_claim_held_is_offered_again_once_the_claim_is_unprepared(tmp_path):
+    """A reload (or a restart) put a claim's resource on the device plugin API:
+    Unhealthy while the claim holds it, Healthy again at its unprepare."""
+    dev = make_dev_tree(tmp_path / "dev", ["dm-0"])
+    table = DeviceTable(dev, tmp_path / "sys")
+    ledger = Ledger(table)
+    resource = ResourceConfig(include=("/dev/dm-*",), allocation="each")
+    tracker = Tracker(resource, Inventory(), dev, tmp_path / "sys", table=table, ledger=ledger)
+    Plugin(resource, tracker.inventory, tracker, refresh=None, spec=None)
+    await tracker.rescan()
+    (device,) = tracker.inventory.current.devices
+    ledger.claimed(resource.name, device.id, [device.key], "uid-1")
+    assert listed(tracker) == {"/dev/dm-0": False}
+    ledger.unclaimed("uid-1")
+    assert listed(tracker) == {"/dev/dm-0": True}
