@@ -470,6 +470,8 @@ class BlockTopology:
         return f"nvme{disk.group(1)}n{disk.group(3)}"
 
 
+_NOTHING: frozenset[Number] = frozenset()
+
 # --- the rule ----------------------------------------------------------------
 
 
@@ -551,12 +553,11 @@ class HostUse:
         if kind == "b":
             return self.joined(number)
         if kind == "c":
-            return frozenset(
-                n
-                for disk in self.topology.aliased_disks(number)
-                for n in self._numbers(self._group_of(disk))
-            )
-        return frozenset()
+            disks = self.topology.aliased_disks(number)
+            if not disks:
+                return _NOTHING  # the common case: one shared empty set, not one a device
+            return frozenset(n for disk in disks for n in self._numbers(self._group_of(disk)))
+        return _NOTHING
 
     def joined(self, number: Number) -> frozenset[Number]:
         """The block devices the rule joins this block device to, itself included."""

@@ -40,11 +40,13 @@ class Device:
     # them (DRA's attributes); None otherwise.
     facts: BlockFacts | None = None
     # The device itself, whatever its name: kind and numbers (kept, since
-    # the node-wide ledger asks it of every device at every look).
-    key: tuple[str, int, int] = field(init=False, repr=False, compare=False)
+    # the node-wide ledger asks it of every device at every look; given by
+    # whoever has one already, so that one tuple serves every name).
+    key: tuple[str, int, int] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", (self.kind, self.major, self.minor))
+        if self.key is None:
+            object.__setattr__(self, "key", (self.kind, self.major, self.minor))
 
 
 def device_id(host_path: str) -> str:

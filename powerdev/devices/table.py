@@ -138,7 +138,9 @@ class DeviceTable:
         self.udev = udev
         self.host = host  # None: the host's use is not looked at
         self._at: dict[str, Key] = {}  # path -> the device it names
-        self._names: dict[Key, set[str]] = {}
+        # key -> its one name, or a set of them (nearly every device has one:
+        # a bare string is 200 bytes a device less than a set)
+        self._names: dict[Key, str | set[str]] = {}
         self._facts: dict[Key, Facts] = {}
         self._by_identity: dict[tuple[str, str], set[Key]] = {}
         self._reverse: dict[Key, set[Key]] = {}  # key -> the keys whose family holds it
@@ -161,7 +163,10 @@ class DeviceTable:
         return self._at.get(path)
 
     def names(self, key: Key) -> tuple[str, ...]:
-        return tuple(sorted(self._names.get(key, ())))
+        names = self._names.get(key)
+        if names is None:
+            return ()
+        return (names,) if isinstance(names, str) else tuple(sorted(names))
 
     def keys(self) -> list[Key]:
         return list(self._names)
@@ -299,20 +304,14 @@ class DeviceTable:
                 continue
             self._touch(path)
             changes.paths.add(path)
-            if old is not None:
-                names = self._names.get(old)
-                if names is not None:
-                    names.discard(path)
-                    if not names:
-                        self._forget(old, changes)
+            if old is not None and self._drop_name(old, path):
+                self._forget(old, changes)
             if key is None:
                 self._at.pop(path, None)
             else:
                 self._at[path] = key
-                names = self._names.setdefault(key, set())
-                if not names:
+                if self._add_name(key, path):
                     new_keys.add(key)
-                names.add(path)
         if facts is not None:
             for key, fact in facts.items():
                 if key in self._names and self._facts.get(key) != fact:
@@ -330,6 +329,31 @@ class DeviceTable:
             if kin - missing:
                 self._again(kin - missing, changes)
         return changes
+
+    def _add_name(self, key: Key, path: str) -> bool:
+        """True if the device had no name before."""
+        names = self._names.get(key)
+        if names is None:
+            self._names[key] = path
+            return True
+        if isinstance(names, str):
+            if names != path:
+                self._names[key] = {names, path}
+        else:
+            names.add(path)
+        return False
+
+    def _drop_name(self, key: Key, path: str) -> bool:
+        """True if the device has no name left."""
+        names = self._names.get(key)
+        if names is None:
+            return False
+        if isinstance(names, str):
+            return names == path
+        names.discard(path)
+        if len(names) == 1:
+            self._names[key] = next(iter(names))
+        return False
 
     def _forget(self, key: Key, changes: Changes) -> None:
         """No look finds a name for the device any more."""

@@ -346,6 +346,7 @@ class Claims:
                     "device": result["device"],
                     "resource": plugin.resource.name,
                     "unit": unit_id,
+                    "admin": bool(result.get("adminAccess")),  # the ledger records it
                     "keys": sorted({d.key for d in names}),
                     "identity": names[0].identity,
                     "cdi_ids": [f"{self.driver}/{CDI_CLASS}={cdi_name}"],

@@ -120,6 +120,7 @@ def describe(
         whole_disk=facts.whole_disk,
         has_partitions=facts.has_partitions,
         facts=table.block_facts(key) if resource.dra and kind == "b" else None,
+        key=key,
     )
 
 

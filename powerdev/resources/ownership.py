@@ -116,7 +116,7 @@ class Ledger:
         self._holds: dict[Key, Holder] = {}
         self._by_holder: dict[Holder, set[Key]] = {}
         self._at: dict[Holder, float] = {}  # when a holder last got its devices (trio time)
-        self._provisional: set[Key] = set()  # held at start, until the kubelet says
+        self._provisional: set[Holder] = set()  # holders from start, until the kubelet says
         self._units: dict[tuple[str, str], dict[str, int]] = {}  # (resource, api) -> unit -> keys
         self._waits: dict[Holder, float] = {}  # holders something waits for -> since
         # keys whose rulings may have changed -> the one resource that has ruled
@@ -144,9 +144,14 @@ class Ledger:
     def add_listing(self, resource: str, key: Key, path: str) -> None:
         """The resource lists this device (under `path`, among its names);
         it rules on it itself right after, the others must again."""
-        self._named[(key, resource)] = path
+        first = self.table.names(key) if self.table is not None else ()
+        if not first or first[0] != path:  # kept only where a message needs it
+            self._named[(key, resource)] = path
         if self._listers.add(key, resource):
             self._mark(key, resource)
+
+    def lists(self, resource: str, key: Key) -> bool:
+        return resource in self._listers.get(key)
 
     def drop_listing(self, resource: str, key: Key) -> None:
         self._named.pop((key, resource), None)
@@ -202,17 +207,15 @@ class Ledger:
 
     def _hold(self, key: Key, holder: Holder, at: float, *, provisional: bool = False) -> None:
         self._at[holder] = max(self._at.get(holder, at), at)
+        if not provisional:
+            self._provisional.discard(holder)  # a grant made here: no longer a guess
         old = self._holds.get(key)
         if old == holder:
-            if not provisional:
-                self._provisional.discard(key)
             return
         if old is not None:
             self._unhold(key, old)
         self._holds[key] = holder
         self._by_holder.setdefault(holder, set()).add(key)
-        if provisional:
-            self._provisional.add(key)
         self._count(holder, +1)
         # its family may be blocked now; itself only if someone else lists it
         self._dirty_all(self._family(key))
@@ -227,7 +230,7 @@ class Ledger:
                 del self._by_holder[holder]
                 self._at.pop(holder, None)
                 self._waits.pop(holder, None)
-        self._provisional.discard(key)
+                self._provisional.discard(holder)
         self._count(holder, -1)
 
     def _release(self, key: Key) -> None:
@@ -249,15 +252,9 @@ class Ledger:
         if not keys:
             return
         waited = holder in self._waits or holder.api == DRA
-        holds, provisional, listers, dirty = (
-            self._holds,
-            self._provisional,
-            self._listers,
-            self._dirty,
-        )
+        holds, listers, dirty = self._holds, self._listers, self._dirty
         for key in keys:
             del holds[key]
-            provisional.discard(key)
             family = self._family(key)
             if family:
                 self._dirty_all(family)
@@ -270,6 +267,7 @@ class Ledger:
                 del self._by_holder[holder]
                 self._at.pop(holder, None)
                 self._waits.pop(holder, None)
+                self._provisional.discard(holder)
         if holder.unit is not None:
             for _ in keys:
                 self._count(holder, -1)
@@ -313,9 +311,13 @@ class Ledger:
     def provisional(self, resource: str, unit: str | None, keys: Iterable[Key]) -> None:
         """At start: held as this unit until the kubelet says otherwise."""
         now = trio.current_time()
+        holder = Holder(resource, unit)  # one object for all its devices
+        fresh = holder not in self._by_holder
         for key in keys:
             if key not in self._holds:
-                self._hold(key, Holder(resource, unit), now, provisional=True)
+                self._hold(key, holder, now, provisional=True)
+        if fresh and holder in self._by_holder:
+            self._provisional.add(holder)
 
     def claimed(
         self, resource: str, unit: str, keys: Iterable[Key], claim: str, *, admin: bool = False
@@ -421,11 +423,13 @@ class Ledger:
             ids = held.get(holder.resource, set())
             still = bool(ids) if holder.unit is None else holder.unit in ids
             keys = self._by_holder[holder]
+            guessed = holder in self._provisional
+            self._provisional.discard(holder)  # the kubelet has said
             if still:
-                self._provisional.difference_update(keys)
                 continue
-            fresh = self._at.get(holder, 0.0) >= settled
-            free = list(keys) if not fresh else [k for k in keys if k in self._provisional]
+            if not guessed and self._at.get(holder, 0.0) >= settled:
+                continue  # granted too late for this answer to say
+            free = list(keys)
             if free and holder in self._waits:
                 log.info(
                     "%s: the kubelet says no pod holds %s any more",

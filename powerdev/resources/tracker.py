@@ -82,7 +82,6 @@ class Tracker:
         self._by_key = Index()  # key -> its names in found
         self._first: dict[str, Key] = {}  # name -> the device first seen there
         self._said: dict[str, Verdict] = {}  # name -> the verdict last logged, when not offered
-        self._listed: set[Key] = set()  # keys it lists in the ledger
         self._fresh: set[str] | None = None  # names events redid while a rescan publishes
         self._scan_seq = 0  # rescans begun
         self._published_seq = 0  # the latest-begun rescan published
@@ -276,11 +275,10 @@ class Tracker:
                 and (self.resource.allow_host_used or self.table.facts(key).host_use is None)
                 for p in self._by_key.get(key)
             )
-            if reached and key not in self._listed:
-                self._listed.add(key)
+            listed = self.ledger.lists(self.resource.name, key)
+            if reached and not listed:
                 self.ledger.add_listing(self.resource.name, key, min(self._by_key.get(key)))
-            elif not reached and key in self._listed:
-                self._listed.discard(key)
+            elif not reached and listed:
                 self.ledger.drop_listing(self.resource.name, key)
 
     def _all_mode_ids(self, keys: Iterable[Key]) -> dict[Key, str]:
@@ -406,6 +404,7 @@ def sick(device: Device) -> Device:
         device.whole_disk,
         device.has_partitions,
         device.facts,
+        device.key,
     )
 
 
