@@ -62,11 +62,11 @@ _logged: dict[int, int] = {}  # id of a plugin -> the inventory version last log
 
 
 def _log_devices(plugin: Plugin) -> None:
-    snapshot = plugin.inventory.current
-    _logged[id(plugin)] = snapshot.version
-    devices = snapshot.devices
-    change = _device_log.change(plugin.resource.name, devices)
-    if not devices:
+    inventory = plugin.inventory
+    _logged[id(plugin)] = inventory.version
+    listed = inventory.by_path
+    change = _device_log.follow(plugin.resource.name, listed, inventory.take_paths_changed())
+    if not listed:
         assert plugin.tracker is not None
         tracker = plugin.tracker
         why = why_nothing(plugin.resource, tracker.dev_root, tracker.sys_root)
@@ -388,7 +388,7 @@ def _apply(batch: list[DeviceEvent] | str, running: Running, nursery: trio.Nurse
         tracker.follow(changes)
     running.ledger.settle()
     for plugin in plugins:  # whatever changed it: the events, or the ledger's rulings
-        if plugin.inventory.current.version != _logged.get(id(plugin)):
+        if plugin.inventory.version != _logged.get(id(plugin)):
             _log_devices(plugin)
 
 

@@ -31,6 +31,11 @@ class Inventory:
         self._version = 1
         self._snapshot: Snapshot | None = None
         self._changed = trio.Event()
+        self._paths_changed: set[str] | None = None  # None: the whole list
+
+    @property
+    def version(self) -> int:
+        return self._version
 
     @property
     def by_path(self) -> Mapping[str, Device]:
@@ -50,6 +55,7 @@ class Inventory:
         if new == self._devices and not force:
             return False
         self._devices = new
+        self._paths_changed = None
         self._bump()
         return True
 
@@ -58,13 +64,24 @@ class Inventory:
         changed = False
         for path, device in changes.items():
             if device is None:
-                changed |= self._devices.pop(path, None) is not None
+                if self._devices.pop(path, None) is None:
+                    continue
             elif self._devices.get(path) != device:
                 self._devices[path] = device
-                changed = True
+            else:
+                continue
+            changed = True
+            if self._paths_changed is not None:
+                self._paths_changed.add(path)
         if changed:
             self._bump()
         return changed
+
+    def take_paths_changed(self) -> set[str] | None:
+        """The paths set or removed since the last call (None: the whole
+        list was replaced), for the one reader that logs what changed."""
+        taken, self._paths_changed = self._paths_changed, set()
+        return taken
 
     def _bump(self) -> None:
         self._version += 1

@@ -47,17 +47,27 @@ def describe_change(
 ) -> str | None:
     """What changed between two device lists (path -> healthy), or None if
     nothing did. The first list is described as what was found."""
-    healthy = sum(after.values())
-    total = plural(len(after), "device")
-    if len(after) != healthy:
-        total += f" ({len(after) - healthy} Unhealthy)"
     if before is None:
+        total = _total(len(after), sum(after.values()))
         return f"{total}: {names(after, most)}" if after else total
-    parts = []
     added = [p for p in after if p not in before]
     removed = [p for p in before if p not in after]
     sick = [p for p in after if p in before and before[p] and not after[p]]
     well = [p for p in after if p in before and not before[p] and after[p]]
+    return _said(added, removed, sick, well, _total(len(after), sum(after.values())), most)
+
+
+def _total(count: int, healthy: int) -> str:
+    total = plural(count, "device")
+    if count != healthy:
+        total += f" ({count - healthy} Unhealthy)"
+    return total
+
+
+def _said(
+    added: list[str], removed: list[str], sick: list[str], well: list[str], total: str, most: int
+) -> str | None:
+    parts = []
     if added:
         parts.append(f"added {names(added, most)}")
     if removed:
@@ -83,6 +93,35 @@ class DeviceLog:
         text = describe_change(self._last.get(resource), now)
         self._last[resource] = now
         return text
+
+    def follow(
+        self, resource: str, listed: Mapping[str, Any], paths: Iterable[str] | None
+    ) -> str | None:
+        """The line for the list `listed` (path -> object with .healthy), where
+        only `paths` changed since the last line (None: any may have). Costs
+        what changed, not the list's length, after the first."""
+        last = self._last.get(resource)
+        if last is None or paths is None:
+            return self.change(resource, listed.values())
+        added: list[str] = []
+        removed: list[str] = []
+        sick: list[str] = []
+        well: list[str] = []
+        for path in paths:
+            device = listed.get(path)
+            was = last.get(path)
+            if device is None:
+                if was is not None:
+                    removed.append(path)
+                    del last[path]
+                continue
+            if was is None:
+                added.append(path)
+            elif was != device.healthy:
+                (sick if was else well).append(path)
+            last[path] = device.healthy
+        total = _total(len(last), sum(last.values()))
+        return _said(added, removed, sick, well, total, MOST_NAMES)
 
 
 # --- the start lines ----------------------------------------------------------

@@ -16,6 +16,9 @@ nothing: what pods held before this daemon started is not known yet.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
@@ -129,19 +132,30 @@ class Plugin:
     def units(self, snapshot: Snapshot | None = None) -> tuple[Unit, ...]:
         """What ListAndWatch advertises for a snapshot (the current one by default)."""
         snapshot = snapshot or self.inventory.current
-        claimed = self._held_through(DRA)
-        key = (snapshot.version, self.resource.upper_limit, self.resource.allocation, claimed)
+        key = self._key_of_units(snapshot)
         if key != self._units_key:
-            self._units = allocation.units(
-                snapshot.devices, self.resource.upper_limit, self.resource.allocation
-            )
-            if claimed:
-                self._units = tuple(
-                    Unit(u.id, False, u.numa) if u.id in claimed else u for u in self._units
-                )
-            self._units_by_id = {u.id: u for u in self._units}
-            self._units_key = key
+            self._keep_units(key, _counted(snapshot, self.resource, key[-1]))
         return self._units
+
+    async def units_soon(self, snapshot: Snapshot) -> tuple[Unit, ...]:
+        """The same, counted in a worker thread when not known yet: at 10,000
+        devices counting takes tens of milliseconds of the Trio thread."""
+        key = self._key_of_units(snapshot)
+        if key != self._units_key:
+            counted = await trio.to_thread.run_sync(_counted, snapshot, self.resource, key[-1])
+            if key != self._units_key:  # not counted on the Trio thread meanwhile
+                self._keep_units(key, counted)
+        return self._units
+
+    def _key_of_units(self, snapshot: Snapshot) -> tuple[Any, ...]:
+        claimed = self._held_through(DRA)
+        return (snapshot.version, self.resource.upper_limit, self.resource.allocation, claimed)
+
+    def _keep_units(
+        self, key: tuple[Any, ...], counted: tuple[tuple[Unit, ...], dict[str, Unit]]
+    ) -> None:
+        self._units, self._units_by_id = counted
+        self._units_key = key
 
     def allocate(
         self, requests: Sequence[Sequence[str]], *, refresh: bool = True
@@ -279,3 +293,14 @@ class Plugin:
                 for avail, must, size in requests
             ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
+
+
+def _counted(
+    snapshot: Snapshot, resource: ResourceConfig, claimed: frozenset[str]
+) -> tuple[tuple[Unit, ...], dict[str, Unit]]:
+    """A snapshot's units, and by ID: any thread (they read only what they
+    are given, none of it changed after it is made)."""
+    units = allocation.units(snapshot.devices, resource.upper_limit, resource.allocation)
+    if claimed:
+        units = tuple(Unit(u.id, False, u.numa) if u.id in claimed else u for u in units)
+    return units, {u.id: u for u in units}

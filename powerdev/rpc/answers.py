@@ -11,7 +11,9 @@ worker thread and back costs about 0.2 ms on every Allocate.
 
 An AllocateResponse with several containers is the join of one framed
 container response per container: protobuf concatenation semantics, so the
-container's bytes are encoded once and repeated.
+container's bytes are encoded once and repeated. A list is the join of
+one framed entry per unit, each kept for as long as its unit is listed as
+it is, so a list sent after one device changed encodes one entry.
 """
 
 from __future__ import annotations
@@ -43,11 +45,27 @@ class Answers:
         self._list = _Slot()
         self._container = _Slot()
         self._lock = trio.Lock()
+        self._entries: dict[Unit, bytes] = {}  # a unit -> its framed entry in the list
 
     async def list_and_watch(self, snapshot: Snapshot) -> bytes:
         """The encoded ListAndWatchResponse for a snapshot."""
-        units = self._plugin.units(snapshot)
-        return await self._cached(self._list, units, lambda: encode_list(units))
+        units = await self._plugin.units_soon(snapshot)
+        return await self._cached(self._list, units, lambda: self._encode_list(units))
+
+    def _encode_list(self, units: tuple[Unit, ...]) -> bytes:
+        """In a worker thread, under the lock: the list, as the join of each
+        unit's entry, encoded once for as long as the unit is listed as it is
+        (a device event encodes the entries it changed, not 10,000)."""
+        old, new = self._entries, {}
+        parts = []
+        for unit in units:
+            entry = old.get(unit)
+            if entry is None:
+                entry = encode_list((unit,))
+            new[unit] = entry
+            parts.append(entry)
+        self._entries = new
+        return b"".join(parts)
 
     async def allocate(self, grants: list[tuple[DeviceGrant, ...] | CdiGrant]) -> bytes:
         """The encoded AllocateResponse: one container response per grant.

@@ -7,11 +7,15 @@ from powerdev._proto.v1beta1 import (
     Device,
     DeviceSpec,
     ListAndWatchResponse,
+    NumaNode,
+    TopologyInfo,
 )
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device as Node
+from powerdev.resources.allocation import Unit
 from powerdev.resources.plugin import Plugin
+from powerdev.rpc import answers as answers_module
 from powerdev.rpc.answers import Answers
 
 NODES = tuple(Node(f"dm-{i}", f"/dev/dm-{i}", "b", 253, i, healthy=i % 4 != 3) for i in range(50))
@@ -21,7 +25,11 @@ def full_list(plugin):
     return bytes(
         ListAndWatchResponse(
             devices=[
-                Device(id=u.id, health="Healthy" if u.healthy else "Unhealthy")
+                Device(
+                    id=u.id,
+                    health="Healthy" if u.healthy else "Unhealthy",
+                    topology=None if u.numa is None else TopologyInfo([NumaNode(u.numa)]),
+                )
                 for u in plugin.units()
             ]
         )
@@ -36,6 +44,24 @@ async def test_list_matches_a_full_encoding_across_changes():
     assert await answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
     plugin.inventory.publish(())
     assert await answers.list_and_watch(plugin.inventory.current) == b"" == full_list(plugin)
+
+
+async def test_a_list_after_one_change_encodes_one_entry(monkeypatch):
+    """Entries are kept per unit: the list after one device changed encodes
+    that device's entry alone, and is still the full encoding, byte for byte."""
+    nodes = [Node(n.id, n.path, "b", 253, n.minor, numa=n.minor % 2) for n in NODES]
+    plugin = Plugin(ResourceConfig(), Inventory(nodes), refresh=None, spec=None)
+    answers = Answers(plugin)
+    encoded = []
+    real = answers_module.encode_list
+    monkeypatch.setattr(answers_module, "encode_list", lambda u: encoded.append(u) or real(u))
+    assert await answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
+    assert len(encoded) == len(nodes)
+    encoded.clear()
+    sick = Node("dm-7", "/dev/dm-7", "b", 253, 7, healthy=False, numa=1)
+    plugin.inventory.update({"/dev/dm-7": sick, "/dev/dm-8": None})
+    assert await answers.list_and_watch(plugin.inventory.current) == full_list(plugin)
+    assert [u for (u,) in encoded] == [Unit("dm-7", False, 1)]
 
 
 async def test_upper_limit_list():

@@ -75,6 +75,32 @@ def test_the_device_log_remembers_what_it_said_per_resource():
     assert log.change("x/a", ab) is None
 
 
+def test_the_device_log_follows_an_inventory_by_the_paths_it_changed():
+    """After the first line, a line costs what changed: it reads only the
+    paths the inventory says were set or removed, and says the same as a
+    comparison of the whole lists would."""
+    log = oplog.DeviceLog()
+    sda, sdb = Device("sda", "/dev/sda", "b", 8, 0), Device("sdb", "/dev/sdb", "b", 8, 16)
+    inventory = Inventory([sda])
+    follow = lambda: log.follow("x/a", inventory.by_path, inventory.take_paths_changed())  # noqa: E731
+    assert follow() == "1 device: sda"
+    assert inventory.take_paths_changed() == set()
+    inventory.update({"/dev/sdb": sdb})
+    assert follow() == "added sdb; now 2 devices"
+    inventory.update({"/dev/sda": Device("sda", "/dev/sda", "b", 8, 0, healthy=False)})
+    assert (
+        follow()
+        == "Unhealthy (another device now under the name): sda; now 2 devices (1 Unhealthy)"
+    )
+    inventory.update({"/dev/sda": None, "/dev/sdc": None})  # sdc was never listed
+    assert follow() == "removed sda; now 1 device"
+    inventory.update({"/dev/sdb": sdb})  # the same device: not a change
+    assert inventory.take_paths_changed() == set()
+    inventory.publish([sda, sdb])  # a whole new list: compared in full
+    assert follow() == "added sda; now 2 devices"
+    assert follow() is None
+
+
 def test_the_start_lines_name_version_sources_port_socket_and_every_setting():
     config = parse_config(
         '{"include-devices": ["/dev/dm-*"], "exclude-devices": ["/dev/dm-9"], '
