@@ -5,8 +5,10 @@ It reports, at each device count: time from process start to the kubelet's
 first full list; Allocate latency (each grant carries every device); idle
 CPU over a window; RSS; and the longest time one Trio task step held the
 daemon's thread. As root, also at each device count: powerdev's own part of
-a block device event on a synthetic host with the host-use rule on, and the
-longest Trio step meanwhile (uevent_bench.py). Once: kubelet restart to
+a block device event on a synthetic host with the host-use rule on, a
+mount that touches no listed device (the CPU of reading the host's tables
+again) and one of a listed disk (to the list published without it, and back),
+and the longest Trio step meanwhile (uevent_bench.py). Once: kubelet restart to
 re-registration, and (as root) uevent to ListAndWatch message for real loop
 devices.
 
@@ -584,13 +586,20 @@ async def measure_device_events(
     results.add(f"{name} (add)", n, **spread(report["add"]))
     results.add(f"{name} (remove)", n, **spread(report["remove"]))
     results.add("device event that changes nothing, to applied", n, **spread(report["change"]))
-    results.add("device event to the list at the fake kubelet", n, **spread(at_kubelet))
+    results.add("device or mount event to the list at the fake kubelet", n, **spread(at_kubelet))
+    mounts = report["mount elsewhere"]
+    results.add("mount that touches no listed device: host tables read (CPU)", n, **spread(mounts))
+    mounted = report["mount"]
+    results.add("mount of a listed disk, to published list (Unhealthy)", n, **spread(mounted))
+    results.add("unmount of a listed disk, to published list", n, **spread(report["unmount"]))
     steps = report["steps"]
     task = steps["steps"][0]["task"] if steps["steps"] else "-"
     results.add("longest Trio step (device events)", n, ms=steps["longest_ms"], task=task, **steps)
     say(
         f"  {n} devices ({report['listed']} listed): to published {spread(published)}; "
         f"change {spread(report['change'])}; at the kubelet {spread(at_kubelet)}; "
+        f"mount elsewhere (CPU) {spread(mounts)}; mount {spread(report['mount'])}; "
+        f"unmount {spread(report['unmount'])}; "
         f"longest Trio step {steps['longest_ms']} ms ({task})"
     )
 
@@ -613,6 +622,8 @@ async def kubelet_for(
             first = kubelet.resources[RESOURCE].updates
         else:
             what = f"the list after {wait['id']} {'came' if wait['present'] else 'went'}"
+            if wait["present"] and not wait.get("healthy", True):
+                what = f"the list with {wait['id']} Unhealthy"
             await wait_for(kubelet, what, partial(_has_list, first, wait))
             at_kubelet.append(time.monotonic() - wait["taken"])
         await lines.write({"ok": True})
@@ -627,8 +638,12 @@ def _has_list(first: int, wait: dict[str, Any], kubelet: FakeKubelet) -> bool:
     """The kubelet has every list published since the first, and the last one
     has the device or not as it should."""
     state = kubelet.resources[RESOURCE]
-    listed = wait["id"] in state.devices
-    return state.updates >= first + wait["publications"] and listed == wait["present"]
+    health = state.devices.get(wait["id"])
+    if wait["present"]:
+        listed = health == ("Healthy" if wait.get("healthy", True) else "Unhealthy")
+    else:
+        listed = health is None
+    return state.updates >= first + wait["publications"] and listed
 
 
 def table(results: Results) -> str:

@@ -28,7 +28,11 @@ Each cycle: a new disk appears (its sysfs entry, then its node, then an
 (most change events do not); the new disk goes (its node and sysfs entry,
 then a "remove" event). Add and remove are timed to the published list;
 the change, which publishes nothing, to the moment the follower asks for
-its next batch.
+its next batch. Then as many mount cycles: a pod's tmpfs volume is mounted
+(the daemon's host-use source reads the host's tables again and finds no
+device's use changed: its CPU for that is timed), a listed disk is mounted
+and unmounted (each timed to the list published with it Unhealthy, and
+Healthy again).
 
 The two processes speak JSON, one object a line (the child's stdout and
 stdin): the child says what the kubelet should see next ({"wait": ...}),
@@ -47,7 +51,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -58,6 +62,7 @@ from powerdev.config import load_config
 from powerdev.daemon import supervisor
 from powerdev.daemon.settings import Settings
 from powerdev.devices.events import DeviceEvent
+from powerdev.devices.hostuse_events import HOST_USE, HostUseEvents
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devtools import stepwatch
 from powerdev.ops import logformat
@@ -96,6 +101,7 @@ class SyntheticHost:
         self.sys_root = root / "sys"
         self.dev_root = root / "dev"
         self.mountinfo = root / "mountinfo"
+        self.mounts: list[str] = []  # mounted since the start, as mountinfo lines
         self.disks = 0  # disks made so far (the next one's index)
         for where in ("class/block", "dev/block", "devices/virtual/block", CONTROLLER):
             (self.sys_root / where).mkdir(parents=True)
@@ -103,14 +109,15 @@ class SyntheticHost:
         (self.dev_root / "mapper").mkdir(parents=True)
 
     def build(self, nodes: int) -> list[str]:
-        """The host's disk and `nodes` block nodes in all; the names of those
-        not host-used, which the daemon should list."""
+        """The host's disk and `nodes` block nodes in all (one disk more
+        where the host's alone reach that); the names of those not
+        host-used, which the daemon should list."""
         self.add_disk(partitions=3)
         self._add_root_volume()
         self._write_mountinfo()
         listed: list[str] = []
         made = len(HOST_NODES)
-        while made < nodes:
+        while made < nodes or not listed:  # one listed disk at least, for the events
             partitions = 2 if self.disks % 4 == 0 and nodes - made >= 3 else 0
             listed += self.add_disk(partitions)
             made += 1 + partitions
@@ -207,7 +214,26 @@ class SyntheticHost:
                 f"{101 + 2 * pod} 1 0:{61 + 2 * pod} / /var/lib/kubelet/pods/{pod:08x}/volumes/"
                 "kubernetes.io~projected/kube-api-access rw,relatime - tmpfs tmpfs rw,size=1g"
             )
-        self.mountinfo.write_text("\n".join(lines) + "\n")
+        self.mountinfo.write_text("\n".join([*lines, *self.mounts]) + "\n")
+
+    def mount(self, name: str | None) -> None:
+        """Mount a disk at /mnt/NAME, or with None, a pod's tmpfs volume."""
+        at = 1000 + len(self.mounts)
+        if name is None:
+            self.mounts.append(
+                f"{at} 1 0:{at} / /var/lib/kubelet/pods/{at:08x}/volumes/kubernetes.io~empty-dir/"
+                "scratch rw,relatime - tmpfs tmpfs rw,size=1g"
+            )
+        else:
+            major, minor = self.number(name)
+            self.mounts.append(
+                f"{at} 1 {major}:{minor} / /mnt/{name} rw,relatime - xfs /dev/{name} rw,attr2"
+            )
+        self._write_mountinfo()
+
+    def unmount_all(self) -> None:
+        self.mounts.clear()
+        self._write_mountinfo()
 
     def number(self, name: str) -> Number:
         major, minor = (self.sys_root / "class" / "block" / name / "dev").read_text().split(":")
@@ -222,26 +248,26 @@ class HandedEvents:
     source = "other"
 
     def __init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[list[DeviceEvent]](math.inf)
+        self._send, self._receive = trio.open_memory_channel[list[DeviceEvent] | str](math.inf)
         self.taken = 0.0  # time.monotonic() when the follower took the last batch
         self.back = 0.0  # ... and when it asked for the next one
         self._back = trio.Event()
 
-    def hand(self, batch: list[DeviceEvent]) -> trio.Event:
+    def hand(self, batch: list[DeviceEvent] | str) -> trio.Event:
         """Hand a batch over; the Trio event returned is set once the
         follower asks for the next batch."""
         self._back = trio.Event()
         self._send.send_nowait(batch)
         return self._back
 
-    async def next_batch(self) -> list[DeviceEvent]:
+    async def next_batch(self) -> list[DeviceEvent] | str:
         self.back = time.monotonic()
         self._back.set()
         batch = await self._receive.receive()
         self.taken = time.monotonic()
         return batch
 
-    def ready_batch(self) -> list[DeviceEvent]:
+    def ready_batch(self) -> list[DeviceEvent] | str:
         """What Allocate applies first, without waiting (nothing calls Allocate here)."""
         try:
             batch = self._receive.receive_nowait()
@@ -320,10 +346,14 @@ class Run:
     published: trio.MemoryReceiveChannel[tuple[float, Snapshot]]
     parent: JsonLines
     profile: cProfile.Profile | None
+    host_use: HostUseEvents  # the daemon's own host-use source, read here as it reads
     publications: int = 0  # lists published since the kubelet had the first
 
-    async def publishing(self, event: DeviceEvent, name: str, present: bool) -> float:
-        """Hand over an event that changes the list; seconds until it is
+    async def publishing(
+        self, event: DeviceEvent | str, name: str, present: bool, healthy: bool = True
+    ) -> float:
+        """Hand over an event that changes the list (the device comes or goes,
+        or, listed, turns Unhealthy or Healthy); seconds until it is
         published. Returns once the kubelet has the list."""
         back = self._hand(event)
         with trio.fail_after(PUBLISH_LIMIT):
@@ -331,22 +361,16 @@ class Run:
             await back.wait()
         self._stop_profile()
         took = at - self.events.taken
-        if any(d.path == f"/dev/{name}" for d in snapshot.devices) != present:
+        found = [d.healthy for d in snapshot.devices if d.path == f"/dev/{name}"]
+        if found != ([healthy] if present else []):
             raise RuntimeError(f"bench: the list published after {event} is wrong about {name}")
         self.publications += 1
-        await self.parent.ask(
-            {
-                "wait": {
-                    "publications": self.publications,
-                    "id": name,
-                    "present": present,
-                    "taken": self.events.taken,
-                }
-            }
-        )
+        wait = {"publications": self.publications, "id": name, "present": present}
+        wait.update(healthy=healthy, taken=self.events.taken)
+        await self.parent.ask({"wait": wait})
         return took
 
-    async def applied(self, event: DeviceEvent) -> float:
+    async def applied(self, event: DeviceEvent | str) -> float:
         """Hand over an event that changes nothing; seconds until the follower
         asks for its next batch."""
         back = self._hand(event)
@@ -360,10 +384,10 @@ class Run:
             return took
         raise RuntimeError(f"bench: {event} changed nothing, yet a list was published")
 
-    def _hand(self, event: DeviceEvent) -> trio.Event:
+    def _hand(self, event: DeviceEvent | str) -> trio.Event:
         if self.profile is not None:
             self.profile.enable()
-        return self.events.hand([event])
+        return self.events.hand(event if isinstance(event, str) else [event])
 
     def _stop_profile(self) -> None:
         if self.profile is not None:
@@ -385,6 +409,29 @@ async def cycle(run: Run, changed: str, samples: dict[str, list[float]]) -> None
     samples["remove"].append(await run.publishing(remove, name, present=False))
 
 
+async def mount_cycle(run: Run, disk: str, samples: dict[str, list[float]]) -> None:
+    """A pod's volume is mounted: the host-use source reads the host's
+    tables again, in a worker thread, and finds no device's use changed (its
+    CPU is timed; the daemon does nothing more). Then a listed disk is
+    mounted, and unmounted: each handed over as the source hands it, timed
+    to the list published with it Unhealthy, and Healthy again."""
+    host, source = run.host, run.host_use
+    await trio.to_thread.run_sync(host.mount, None)
+    samples["mount elsewhere"].append(await trio.to_thread.run_sync(_cpu_of, source.in_use))
+    await trio.to_thread.run_sync(host.mount, disk)
+    # listed, it stays listed, Unhealthy: not taken away from a pod that holds it
+    samples["mount"].append(await run.publishing(HOST_USE, disk, present=True, healthy=False))
+    await trio.to_thread.run_sync(host.unmount_all)
+    samples["unmount"].append(await run.publishing(HOST_USE, disk, present=True))
+
+
+def _cpu_of(call: Callable[[], object]) -> float:
+    """Seconds of this thread's CPU that call takes."""
+    start = time.thread_time()
+    call()
+    return time.thread_time() - start
+
+
 async def child(args: argparse.Namespace) -> None:
     host = SyntheticHost(args.root)
     listed = await trio.to_thread.run_sync(host.build, args.devices)
@@ -398,6 +445,19 @@ async def child(args: argparse.Namespace) -> None:
         host_mountinfo=host.mountinfo,
         pod_resources_socket=None,
     )
+    host_use = HostUseEvents(host.dev_root, host.mountinfo, None, sys_root=host.sys_root)
+    with host_use:
+        await _measured(args, host, listed, settings, config_path, host_use)
+
+
+async def _measured(
+    args: argparse.Namespace,
+    host: SyntheticHost,
+    listed: list[str],
+    settings: Settings,
+    config_path: Path,
+    host_use: HostUseEvents,
+) -> None:
     events = HandedEvents()
     clock = PublishClock()
     trio.lowlevel.add_instrument(clock)
@@ -410,14 +470,19 @@ async def child(args: argparse.Namespace) -> None:
         (plugin,) = plugins
         await nursery.start(follow_inventory, plugin.inventory, clock, send)
         await parent.ask({"wait": {"devices": len(listed)}})
-        run = Run(host, events, receive, parent, cProfile.Profile() if args.profile else None)
+        profile = cProfile.Profile() if args.profile else None
+        run = Run(host, events, receive, parent, profile, host_use)
         disks = [name for name in listed if not name[-1].isdigit()]
-        samples: dict[str, list[float]] = {"add": [], "remove": [], "change": []}
+        samples: dict[str, list[float]] = {
+            what: [] for what in ("add", "remove", "change", "mount elsewhere", "mount", "unmount")
+        }
         watch = stepwatch.StepWatch()
         trio.lowlevel.add_instrument(watch)
         try:
             for i in range(args.cycles):
                 await cycle(run, disks[i * 7919 % len(disks)], samples)
+            for i in range(args.cycles):
+                await mount_cycle(run, disks[i * 104729 % len(disks)], samples)
         finally:
             trio.lowlevel.remove_instrument(watch)
         if run.profile is not None:

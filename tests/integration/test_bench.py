@@ -16,7 +16,10 @@ EVENT_MEASURES = {
     "device event to published list (add)",
     "device event to published list (remove)",
     "device event that changes nothing, to applied",
-    "device event to the list at the fake kubelet",
+    "device or mount event to the list at the fake kubelet",
+    "mount that touches no listed device: host tables read (CPU)",
+    "mount of a listed disk, to published list (Unhealthy)",
+    "unmount of a listed disk, to published list",
     "longest Trio step (device events)",
 }
 
@@ -68,7 +71,13 @@ async def test_device_events_are_timed_to_the_published_list_with_the_host_use_r
     for measure in ("add", "remove"):
         assert rows[f"device event to published list ({measure})"]["n"] == cycles
     assert rows["device event that changes nothing, to applied"]["n"] == cycles
-    assert rows["device event to the list at the fake kubelet"]["n"] == 2 * cycles
+    assert rows["device or mount event to the list at the fake kubelet"]["n"] == 4 * cycles
+    for measure in (
+        "mount that touches no listed device: host tables read (CPU)",
+        "mount of a listed disk, to published list (Unhealthy)",
+        "unmount of a listed disk, to published list",
+    ):
+        assert rows[measure]["n"] == cycles
     step = rows["longest Trio step (device events)"]
     assert step["ms"] > 0 and step["steps"]
     assert all(row["devices"] == 40 for row in results.rows)
