@@ -73,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
         dra=dra,
     )
     steps = stepwatch.from_environment()
-    # What the imports made lives as long as the daemon. Collected once now
-    # and frozen, the collector never scans it again: the daemon's first full
-    # collection scans what the daemon made, not every module (at 10,000
-    # devices it took 20 to 35 ms, and landed in the step that publishes the
-    # first scan).
-    gc.collect()
+    # What the imports made lives as long as the daemon. Frozen, the
+    # collector never scans it again: the daemon's first full collection
+    # scans what the daemon made, not every module (at 10,000 devices it took
+    # 20 to 35 ms, and landed in the step that publishes the first scan).
+    # Frozen without a collection first: the collections during the imports
+    # have already freed their garbage (a full one here found about a dozen
+    # objects, and cost 50 to 70 ms of the start on a slow 2-core machine).
     gc.freeze()
     try:
         trio.run(

@@ -22,7 +22,6 @@ from powerdev.devices.discovery import probe
 from powerdev.devices.identity import block_devices_with
 from powerdev.devices.table import DeviceTable
 from powerdev.dra.names import endpoint
-from powerdev.dra.slices import Pool
 from powerdev.ops.status import StatusFile
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
@@ -31,6 +30,7 @@ from powerdev.support.backoff import Backoff
 if TYPE_CHECKING:
     from powerdev.dra.claims import Claims
     from powerdev.dra.kubeapi import KubeApi  # lightkube: imported when DRA starts
+    from powerdev.dra.slices import Pool
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class DraDriver:
         """Keep the resource's pool published until cancelled; started() once
         first published. Without a node name (a reload added the first DRA
         resource to a daemon started without one) it is not served."""
-        from powerdev.dra.slices import keep_published
+        from powerdev.dra.slices import Pool, keep_published  # only a DRA resource publishes
 
         settings = self._settings
         if settings is None:

@@ -52,7 +52,6 @@ import resource
 import socket
 from typing import TYPE_CHECKING
 
-import h11
 import trio
 from prometheus_client.exposition import choose_encoder
 
@@ -62,6 +61,8 @@ from powerdev.ops import health, metrics
 from powerdev.ops.oplog import bound_address
 
 if TYPE_CHECKING:
+    import h11
+
     from powerdev.ops.status import StatusFile
     from powerdev.resources.plugin import Plugin
 
@@ -277,6 +278,8 @@ async def serve(
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the port until cancelled; started() with the bound address."""
+    import h11  # noqa: F401  # the HTTP parser, loaded now the port is on: not by every `run`
+
     app = OpsApp(plugins, status)
     connections = OpenConnections(connection_limit())
     address = bound_address(sock)
@@ -331,6 +334,8 @@ async def _connection(
 async def _exchange(app: OpsApp, stream: trio.SocketStream) -> bool:
     """Read one request head, answer it, and say the connection closes.
     True when an answer was sent."""
+    import h11  # loaded by serve(): a lookup here
+
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
     while True:
         try:
@@ -364,6 +369,8 @@ async def _send(
         ("content-length", str(len(body))),
         ("connection", "close"),
     ]
+    import h11  # loaded by serve(): a lookup here
+
     if status == 405:
         headers.append(("allow", "GET"))
     try:

@@ -15,8 +15,10 @@ import trio_asyncio
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.encoding.base import CodecBase
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from powerdev._proto import api_pb2 as pb
 from powerdev._proto.v1 import (
     ContainerDevices,
     ContainerResources,
@@ -50,6 +52,18 @@ class _RawCodec(CodecBase):
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         return data
+
+
+class _KubeletCodec(ProtoCodec):
+    """betterproto's messages, but a ListAndWatch list is decoded by
+    protobuf's C decoder, as the real kubelet decodes it in Go: betterproto's
+    took 220 ms for a list of 1,000 devices, which the bench's "start to first
+    full list" counted after the plugin had sent it."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if message_type is ListAndWatchResponse:
+            return pb.ListAndWatchResponse.FromString(data)
+        return super().decode(data, message_type)
 
 
 class RegisterRefused(Exception):
@@ -165,7 +179,7 @@ class PluginClient:
 
     def _stub(self) -> DevicePluginStub:
         if self._channel is None:
-            self._channel = Channel(path=str(self.socket_path))
+            self._channel = Channel(path=str(self.socket_path), codec=_KubeletCodec())
         return DevicePluginStub(self._channel)
 
     async def _run(self, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -242,7 +256,7 @@ class PluginClient:
 
         async def pump() -> str:
             async for reply in self._stub().list_and_watch(Empty()):
-                on_update([(d.id, d.health) for d in reply.devices])
+                on_update([(d.ID, d.health) for d in reply.devices])  # a pb message
             return "the plugin closed the stream"
 
         try:
