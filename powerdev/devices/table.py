@@ -590,8 +590,12 @@ def observe(
     other by identity."""
     identities: dict[Key, tuple[str, str] | None] = {}
     batch: dict[tuple[str, str], set[Key]] = {}
+    kernel_names: dict[Key, str | None] = {}  # a block device's, from the uevent read for it
     for key in keys:
-        found = identity.identity(sys_root, udev, key[0], key[1:]) if key[0] == "b" else None
+        if key[0] == "b":
+            found, kernel_names[key] = identity.block_sysfs(sys_root, udev, key[1:])
+        else:
+            found = None
         identities[key] = found
         if found is not None:
             batch.setdefault(found, set()).add(key)
@@ -609,7 +613,9 @@ def observe(
         kind, number = key[0], (key[1], key[2])
         whole_disk, has_partitions = topology.place(number) if kind == "b" else (None, False)
         result[key] = Facts(
-            kernel_name=identity.kernel_name(sys_root, kind, number),
+            kernel_name=kernel_names[key]
+            if kind == "b"
+            else identity.kernel_name(sys_root, kind, number),
             identity=identities[key],
             numa=identity.numa_node(sys_root, kind, number),
             whole_disk=whole_disk,
