@@ -327,7 +327,7 @@ class DeviceTable:
             # event for the family came (a node seen by inotify alone)
             kin = {k for key in missing for k in self.overlapping(key) if k in self._names}
             if kin - missing:
-                self._again(kin - missing, changes)
+                self._again(kin - missing, changes, topology)
         return changes
 
     def _add_name(self, key: Key, path: str) -> bool:
@@ -453,14 +453,19 @@ class DeviceTable:
                 assert number is not None
                 self._properties.pop(("b", *number), None)
                 self._block_facts.pop(("b", *number), None)
-            keys = self.joined_to([n for n in numbers if n is not None])
+            # one look at sysfs for both: who is joined, and what they are
+            topology = self._topology()
+            keys = self.joined_to([n for n in numbers if n is not None], topology)
+            return self._again(keys, changes, topology)
         return self._again(keys, changes)
 
-    def joined_to(self, numbers: Iterable[Number]) -> set[Key]:
+    def joined_to(
+        self, numbers: Iterable[Number], topology: BlockTopology | None = None
+    ) -> set[Key]:
         """The devices a block event on these devices reads again: those
         whose facts last named one of them, and those joined to one now (a
         new partition joins its disk, a new holder what is under it)."""
-        use = HostUse(self._topology(), {})
+        use = HostUse(topology if topology is not None else self._topology(), {})
         keys: set[Key] = set()
         for number in numbers:
             key = ("b", *number)
@@ -504,11 +509,15 @@ class DeviceTable:
             keys |= self._joined.get(number, set())
         return self._again(keys & self._names.keys(), Changes())
 
-    def _again(self, keys: set[Key], changes: Changes) -> Changes:
+    def _again(
+        self, keys: set[Key], changes: Changes, topology: BlockTopology | None = None
+    ) -> Changes:
         if not keys:
             return changes
         self._gen += 1
-        observed = self._observe(keys, self._topology(), self._host_use())
+        if topology is None:
+            topology = self._topology()
+        observed = self._observe(keys, topology, self._host_use())
         for key, fact in observed.items():
             if self._facts.get(key) != fact:
                 self._set_facts(key, fact, changes)
