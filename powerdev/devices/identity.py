@@ -13,6 +13,7 @@ on a missing or unreadable file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -273,43 +274,85 @@ def identity_id(source: str, value: str) -> str:
     return f"{head}-{digest}"
 
 
-def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
+def numa_node(
+    sys_root: Path, kind: str, number: Number, seen: dict[str, int | None] | None = None
+) -> int | None:
     """The NUMA node the kernel reports for the device: the first `numa_node`
     file found from the device's sysfs directory up through its parents (a
     disk's is on its PCI controller), within sys_root/devices. None when the
     value is -1 (unknown), absent or unreadable. (os.path, not pathlib: a
-    rescan asks this for every device, and pathlib made it the scan's cost.)"""
+    rescan asks this for every device, and pathlib made it the scan's cost.)
+    `seen` keeps each directory's answer for the next device asked with it
+    (a disk's partitions, the disks of one controller: one look at sysfs)."""
     link = os.path.join(sys_root, "dev", _kind_dir(kind), f"{number[0]}:{number[1]}")
     try:  # one readlink: the kernel's links there point straight into devices/
         where = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
     except OSError:
         return None
-    top = os.path.normpath(os.path.join(sys_root, "devices"))
-    if where.startswith(os.path.join(top, "virtual") + os.sep):
+    top, virtual = _devices_dirs(os.fspath(sys_root))
+    if where.startswith(virtual):
         return None  # loop, dm, mem...: no device of any NUMA node
-    while where.startswith(top + os.sep):
-        try:
-            fd = os.open(f"{where}/numa_node", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            where = os.path.dirname(where)
-            continue
-        except OSError:
-            return None
-        try:
-            data = b""
-            while chunk := os.read(fd, 4096):
-                data += chunk
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        text = data.decode().strip()
-        try:
-            node = int(text)
-        except ValueError:
-            return None
-        return node if node >= 0 else None
+    if seen is None:
+        return _numa_from(where, top)
+    walked = []
+    node = None
+    while where.startswith(top):
+        if where in seen:
+            node = seen[where]
+            break
+        walked.append(where)
+        found = _numa_here(where)
+        if found is not _ABSENT:
+            node = found  # type: ignore[assignment]
+            break
+        where = os.path.dirname(where)
+    for each in walked:
+        seen[each] = node
+    return node
+
+
+@functools.lru_cache(maxsize=8)
+def _devices_dirs(sys_root: str) -> tuple[str, str]:
+    """sys_root/devices/ and sys_root/devices/virtual/, normalised, as prefixes."""
+    top = os.path.normpath(os.path.join(sys_root, "devices"))
+    return top + os.sep, os.path.join(top, "virtual") + os.sep
+
+
+_ABSENT = object()  # no numa_node file in a directory: its parent's answer
+
+
+def _numa_from(where: str, top: str) -> int | None:
+    while where.startswith(top):
+        found = _numa_here(where)
+        if found is not _ABSENT:
+            return found  # type: ignore[return-value]
+        where = os.path.dirname(where)
     return None
+
+
+def _numa_here(where: str) -> int | object | None:
+    """The node a directory's numa_node file gives (None: unknown or
+    unreadable), or _ABSENT when it has none."""
+    try:
+        fd = os.open(f"{where}/numa_node", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _ABSENT
+    except OSError:
+        return None
+    try:
+        data = b""
+        while chunk := os.read(fd, 4096):
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = data.decode().strip()  # not valid text: raises, as it always has
+    try:
+        node = int(text)
+    except ValueError:
+        return None
+    return node if node >= 0 else None
 
 
 SECTOR = 512  # sysfs gives a block device's size in 512-byte sectors, whatever its own
