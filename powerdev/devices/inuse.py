@@ -282,6 +282,12 @@ class BlockTopology:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def once(self, key: tuple[str, object], compute: Callable[[], T]) -> T:
+        """compute(), the first time this look asks `key` (a name of the
+        caller's, not one of the topology's own): what else sysfs says of a
+        device, read once a look like the topology's entries."""
+        return self._once(("else", key), compute)
+
     def _dir(self, name: str) -> str:
         """/sys/class/block/<name>, as a string: paths here are built by the
         thousand, and pathlib objects cost more than the system calls."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -602,7 +603,9 @@ def observe(
     kernel_names: dict[Key, str | None] = {}  # a block device's, from the uevent read for it
     for key in keys:
         if key[0] == "b":
-            found, kernel_names[key] = identity.block_sysfs(sys_root, udev, key[1:])
+            found, kernel_names[key] = topology.once(
+                ("sysfs", key), partial(identity.block_sysfs, sys_root, udev, key[1:])
+            )
         else:
             found = None
         identities[key] = found
@@ -617,19 +620,29 @@ def observe(
         return known | batch.get(value, set())
 
     use = HostUse(topology, tables.direct, tables.journals) if tables is not None else None
+    # each directory's NUMA node, for every device of this look
+    numa_dirs: dict[str, int | None] = topology.once(("numa dirs", None), dict)
     result = {}
     for key in keys:
         kind, number = key[0], (key[1], key[2])
         whole_disk, has_partitions = topology.place(number) if kind == "b" else (None, False)
+        if kind != "b":
+            kernel_names[key] = topology.once(
+                ("kernel name", key), partial(identity.kernel_name, sys_root, kind, number)
+            )
         result[key] = Facts(
-            kernel_name=kernel_names[key]
-            if kind == "b"
-            else identity.kernel_name(sys_root, kind, number),
+            kernel_name=kernel_names[key],
             identity=identities[key],
-            numa=identity.numa_node(sys_root, kind, number),
+            numa=topology.once(
+                ("numa", key), partial(identity.numa_node, sys_root, kind, number, numa_dirs)
+            ),
             whole_disk=whole_disk,
             has_partitions=has_partitions,
-            literal_only=special.by_number(kind, *number, sys_root),
+            literal_only=topology.once(
+                ("literal", key), partial(special.by_number, kind, *number, sys_root)
+            )
+            if kind == "c"  # a block device's answer needs no sysfs
+            else special.by_number(kind, *number, sys_root),
             host_use=use.reason_of(key) if use is not None else None,
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),
