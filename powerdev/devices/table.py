@@ -22,7 +22,8 @@ seen from the other side, changed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -154,6 +155,7 @@ class DeviceTable:
         self._surveys = 0
         self._gen = 0
         self._since: dict[object, int] = {}
+        self._batch: BlockTopology | None = None  # one_look()'s, while it lasts
 
     # --- asking ---------------------------------------------------------------
 
@@ -524,9 +526,26 @@ class DeviceTable:
                 self._set_facts(key, fact, changes)
         return changes
 
+    @contextmanager
+    def one_look(self) -> Iterator[None]:
+        """Within, every look and event reads sysfs through one topology: a
+        batch of device events, applied at once (and with no await between),
+        reads each sysfs entry once, though its look at the paths and its
+        events for the devices ask the same device again."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = BlockTopology(self.sys_root, self.dev_root)
+        try:
+            yield
+        finally:
+            self._batch = None
+
     # --- the facts ------------------------------------------------------------
 
     def _topology(self) -> BlockTopology:
+        if self._batch is not None:
+            return self._batch
         return BlockTopology(self.sys_root, self.dev_root)
 
     def _host_use(self) -> HostTables | None:
