@@ -131,14 +131,14 @@ def _udev_properties(udev: UdevDatabase | None, kind: str, number: Number) -> di
     return udev.properties(_kind_dir(kind)[0], number)
 
 
-def _sysfs_properties(where: Path) -> dict[str, str]:
-    found = _key_values(_read(where / "uevent"))
+def _sysfs_properties(where: str) -> dict[str, str]:
+    found = _key_values(_read(f"{where}/uevent"))
     try:
-        found["SUBSYSTEM"] = os.path.basename(os.readlink(where / "subsystem"))
+        found["SUBSYSTEM"] = os.path.basename(os.readlink(f"{where}/subsystem"))
     except OSError:
         pass
     for key, name in (("DM_NAME", "name"), ("DM_UUID", "uuid")):
-        value = _read(where / "dm" / name)
+        value = _read(f"{where}/dm/{name}")
         if value is not None:
             found[key] = value
     return found
@@ -156,7 +156,7 @@ def properties(
     Absent or unreadable files leave their properties out.
     """
     found: dict[str, str] = {}
-    where = sysfs_dir(sys_root, kind, number)
+    where = _device_link(sys_root, kind, number)
     if where is not None:
         found.update(_sysfs_properties(where))
     found.update(_udev_properties(udev, kind, number))
