@@ -13,9 +13,12 @@ on a missing or unreadable file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from powerdev.devices.model import BlockFacts
@@ -46,14 +49,46 @@ def _kind_dir(kind: str) -> str:
         raise ValueError(f"device kind {kind!r} is not one of b, c, block, char") from None
 
 
-def _read(path: Path) -> str | None:
-    """A sysfs or udev file's text, stripped; None if absent, unreadable or empty."""
+def _read_bytes(path: Path | str) -> bytes | None:
+    """A file's bytes; None if absent or unreadable. (os.open and os.read, not
+    pathlib or io: a device event reads a few dozen of these.)"""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
+        return None
+    try:
+        data = os.read(fd, 65536)
+        if data:
+            chunks = [data]
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            if len(chunks) > 1:
+                data = b"".join(chunks)
+        return data
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _text_of(data: bytes | None) -> str | None:
+    if data is None:
         return None
     text = data.decode("utf-8", "surrogateescape").strip()
     return text or None
+
+
+def _read(path: Path | str) -> str | None:
+    """A sysfs or udev file's text, stripped; None if absent, unreadable or empty."""
+    return _text_of(_read_bytes(path))
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+    except OSError:
+        return False
+    return True
 
 
 def _key_values(text: str | None) -> dict[str, str]:
@@ -76,6 +111,19 @@ def sysfs_dir(sys_root: Path, kind: str, number: Number) -> Path | None:
     return where if where.is_dir() else None
 
 
+def _device_link(sys_root: Path, kind: str, number: Number) -> str | None:
+    """sys_root/dev/{block|char}/MAJ:MIN as a string, unresolved, if it leads
+    to a directory (sysfs_dir()'s test, one stat). Files under it are read
+    through the link; its parent directory is "<link>/..", which the
+    kernel takes from where the link leads."""
+    link = f"{os.fspath(sys_root)}/dev/{_kind_dir(kind)}/{number[0]}:{number[1]}"
+    try:
+        st = os.stat(link)
+    except OSError:
+        return None
+    return link if stat.S_ISDIR(st.st_mode) else None
+
+
 def _udev_properties(udev: UdevDatabase | None, kind: str, number: Number) -> dict[str, str]:
     """What udev knows of the device (udevdb.py); nothing without udev."""
     if udev is None:
@@ -83,14 +131,14 @@ def _udev_properties(udev: UdevDatabase | None, kind: str, number: Number) -> di
     return udev.properties(_kind_dir(kind)[0], number)
 
 
-def _sysfs_properties(where: Path) -> dict[str, str]:
-    found = _key_values(_read(where / "uevent"))
+def _sysfs_properties(where: str) -> dict[str, str]:
+    found = _key_values(_read(f"{where}/uevent"))
     try:
-        found["SUBSYSTEM"] = os.path.basename(os.readlink(where / "subsystem"))
+        found["SUBSYSTEM"] = os.path.basename(os.readlink(f"{where}/subsystem"))
     except OSError:
         pass
     for key, name in (("DM_NAME", "name"), ("DM_UUID", "uuid")):
-        value = _read(where / "dm" / name)
+        value = _read(f"{where}/dm/{name}")
         if value is not None:
             found[key] = value
     return found
@@ -108,37 +156,50 @@ def properties(
     Absent or unreadable files leave their properties out.
     """
     found: dict[str, str] = {}
-    where = sysfs_dir(sys_root, kind, number)
+    where = _device_link(sys_root, kind, number)
     if where is not None:
         found.update(_sysfs_properties(where))
     found.update(_udev_properties(udev, kind, number))
     return found
 
 
-def _number_of(where: Path) -> Number | None:
-    major, sep, minor = (_read(where / "dev") or "").partition(":")
+def _number_of(where: Path | str) -> Number | None:
+    major, sep, minor = (_read(f"{os.fspath(where)}/dev") or "").partition(":")
     if not sep or not major.isdigit() or not minor.isdigit():
         return None
     return int(major), int(minor)
 
 
-def _whole_identity(where: Path, udev: dict[str, str]) -> tuple[str, str] | None:
+def _whole_identity(where: str, udev: Callable[[], dict[str, str]]) -> tuple[str, str] | None:
     """The identity of a whole device (not a partition), sysfs before udev
     within each kind: sysfs is there from the kernel's add event on, while
     udev's database is written a moment later, and a device's ID must not
-    change when it appears."""
-    candidates = (
-        ("DM_UUID", _read(where / "dm" / "uuid")),
-        ("DM_UUID", udev.get("DM_UUID")),
+    change when it appears. Each candidate is read only if those before it
+    are absent; udev's properties are asked for once, when first needed."""
+    known: list[dict[str, str]] = []
+
+    def from_udev(*names: str) -> str | None:
+        if not known:
+            known.append(udev())
+        for name in names:
+            value = known[0].get(name)
+            if value:
+                return value
+        return None
+
+    candidates: tuple[tuple[str, Callable[[], str | None]], ...] = (
+        ("DM_UUID", lambda: _read(f"{where}/dm/uuid")),
+        ("DM_UUID", lambda: from_udev("DM_UUID")),
         # SCSI reports the WWID on the SCSI device, NVMe on the namespace's disk.
-        ("WWID", _read(where / "wwid") or _read(where / "device" / "wwid")),
-        ("ID_WWN", udev.get("ID_WWN_WITH_EXTENSION") or udev.get("ID_WWN")),
+        ("WWID", lambda: _read(f"{where}/wwid") or _read(f"{where}/device/wwid")),
+        ("ID_WWN", lambda: from_udev("ID_WWN_WITH_EXTENSION", "ID_WWN")),
         # virtio-blk reports a serial on the disk, NVMe on the controller.
-        ("SERIAL", _read(where / "serial") or _read(where / "device" / "serial")),
-        ("ID_SERIAL", udev.get("ID_SERIAL")),
-        ("LOOP_BACKING_FILE", _read(where / "loop" / "backing_file")),
+        ("SERIAL", lambda: _read(f"{where}/serial") or _read(f"{where}/device/serial")),
+        ("ID_SERIAL", lambda: from_udev("ID_SERIAL")),
+        ("LOOP_BACKING_FILE", lambda: _read(f"{where}/loop/backing_file")),
     )
-    for source, value in candidates:
+    for source, read in candidates:
+        value = read()
         if value and value.strip():
             return source, value.strip()
     return None
@@ -158,21 +219,39 @@ def identity(
     """
     if _kind_dir(kind) != "block":
         return None
-    where = sysfs_dir(sys_root, kind, number)
+    where = _device_link(sys_root, kind, number)
     if where is None:
         return None
-    uevent = _key_values(_read(where / "uevent"))
-    if uevent.get("DEVTYPE") == "partition" or (where / "partition").exists():
-        partn = uevent.get("PARTN") or _read(where / "partition")
-        parent = where.parent
+    return _identity_at(where, _read_bytes(f"{where}/uevent"), udev, kind, number)
+
+
+def _identity_at(
+    where: str, uevent_data: bytes | None, udev: UdevDatabase | None, kind: str, number: Number
+) -> tuple[str, str] | None:
+    """identity(), given the device's directory (_device_link) and its uevent's bytes."""
+    uevent = _key_values(_text_of(uevent_data))
+    if uevent.get("DEVTYPE") == "partition" or _exists(f"{where}/partition"):
+        partn = uevent.get("PARTN") or _read(f"{where}/partition")
+        parent = f"{where}/.."
         parent_number = _number_of(parent)
         if not partn or parent_number is None:
             return None
-        whole = _whole_identity(parent, _udev_properties(udev, kind, parent_number))
+        whole = _whole_identity(parent, lambda: _udev_properties(udev, kind, parent_number))
         if whole is None:
             return None
         return whole[0], f"{whole[1]}-part{partn}"
-    return _whole_identity(where, _udev_properties(udev, kind, number))
+    return _whole_identity(where, lambda: _udev_properties(udev, kind, number))
+
+
+def block_sysfs(
+    sys_root: Path, udev: UdevDatabase | None, number: Number
+) -> tuple[tuple[str, str] | None, str | None]:
+    """identity() and kernel_name() of a block device, its uevent read once."""
+    link = f"{os.fspath(sys_root)}/dev/block/{number[0]}:{number[1]}"
+    data = _read_bytes(f"{link}/uevent")
+    where = _device_link(sys_root, "b", number)
+    found = _identity_at(where, data, udev, "b", number) if where is not None else None
+    return found, _devname_in(data)
 
 
 def identity_id(source: str, value: str) -> str:
@@ -195,35 +274,85 @@ def identity_id(source: str, value: str) -> str:
     return f"{head}-{digest}"
 
 
-def numa_node(sys_root: Path, kind: str, number: Number) -> int | None:
+def numa_node(
+    sys_root: Path, kind: str, number: Number, seen: dict[str, int | None] | None = None
+) -> int | None:
     """The NUMA node the kernel reports for the device: the first `numa_node`
     file found from the device's sysfs directory up through its parents (a
     disk's is on its PCI controller), within sys_root/devices. None when the
     value is -1 (unknown), absent or unreadable. (os.path, not pathlib: a
-    rescan asks this for every device, and pathlib made it the scan's cost.)"""
+    rescan asks this for every device, and pathlib made it the scan's cost.)
+    `seen` keeps each directory's answer for the next device asked with it
+    (a disk's partitions, the disks of one controller: one look at sysfs)."""
     link = os.path.join(sys_root, "dev", _kind_dir(kind), f"{number[0]}:{number[1]}")
     try:  # one readlink: the kernel's links there point straight into devices/
         where = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
     except OSError:
         return None
-    top = os.path.normpath(os.path.join(sys_root, "devices"))
-    if where.startswith(os.path.join(top, "virtual") + os.sep):
+    top, virtual = _devices_dirs(os.fspath(sys_root))
+    if where.startswith(virtual):
         return None  # loop, dm, mem...: no device of any NUMA node
-    while where.startswith(top + os.sep):
-        try:
-            with open(os.path.join(where, "numa_node")) as f:
-                text = f.read().strip()
-        except FileNotFoundError:
-            where = os.path.dirname(where)
-            continue
-        except OSError:
-            return None
-        try:
-            node = int(text)
-        except ValueError:
-            return None
-        return node if node >= 0 else None
+    if seen is None:
+        return _numa_from(where, top)
+    walked = []
+    node = None
+    while where.startswith(top):
+        if where in seen:
+            node = seen[where]
+            break
+        walked.append(where)
+        found = _numa_here(where)
+        if found is not _ABSENT:
+            node = found  # type: ignore[assignment]
+            break
+        where = os.path.dirname(where)
+    for each in walked:
+        seen[each] = node
+    return node
+
+
+@functools.lru_cache(maxsize=8)
+def _devices_dirs(sys_root: str) -> tuple[str, str]:
+    """sys_root/devices/ and sys_root/devices/virtual/, normalised, as prefixes."""
+    top = os.path.normpath(os.path.join(sys_root, "devices"))
+    return top + os.sep, os.path.join(top, "virtual") + os.sep
+
+
+_ABSENT = object()  # no numa_node file in a directory: its parent's answer
+
+
+def _numa_from(where: str, top: str) -> int | None:
+    while where.startswith(top):
+        found = _numa_here(where)
+        if found is not _ABSENT:
+            return found  # type: ignore[return-value]
+        where = os.path.dirname(where)
     return None
+
+
+def _numa_here(where: str) -> int | object | None:
+    """The node a directory's numa_node file gives (None: unknown or
+    unreadable), or _ABSENT when it has none."""
+    try:
+        fd = os.open(f"{where}/numa_node", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _ABSENT
+    except OSError:
+        return None
+    try:
+        data = b""
+        while chunk := os.read(fd, 4096):
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = data.decode().strip()  # not valid text: raises, as it always has
+    try:
+        node = int(text)
+    except ValueError:
+        return None
+    return node if node >= 0 else None
 
 
 SECTOR = 512  # sysfs gives a block device's size in 512-byte sectors, whatever its own
@@ -285,11 +414,14 @@ def kernel_name(sys_root: Path, kind: str, number: Number) -> str | None:
     """The node's name under /dev as the kernel gives it, if sysfs has it.
     (Plain strings: a look asks it of every device.)"""
     uevent = f"{os.fspath(sys_root)}/dev/{_kind_dir(kind)}/{number[0]}:{number[1]}/uevent"
-    try:
-        with open(uevent, "rb") as f:
-            text = f.read(4096).decode("utf-8", "surrogateescape")
-    except OSError:
+    return _devname_in(_read_bytes(uevent))
+
+
+def _devname_in(data: bytes | None) -> str | None:
+    """DEVNAME from a uevent file's bytes (its first 4096)."""
+    if data is None:
         return None
+    text = data[:4096].decode("utf-8", "surrogateescape")
     for line in text.splitlines():
         if line.startswith("DEVNAME="):
             return line[len("DEVNAME=") :].strip() or None

@@ -245,6 +245,15 @@ def _link(path: Path | str) -> str | None:
         return None
 
 
+def _last_name(link: str) -> str:
+    """Path(link).name, without making a Path of it where the link is plain."""
+    name = link.rpartition("/")[2]
+    return name if name and name != "." else Path(link).name
+
+
+_UNKNOWN = object()  # not in a topology's memo yet
+
+
 # --- the block topology, read on demand ------------------------------------
 
 _DM_PARTITION = re.compile(r"part\d+-")  # kpartx: DM_UUID part<N>-<uuid of the disk map>
@@ -261,7 +270,8 @@ class BlockTopology:
     def __init__(self, sys_root: Path, dev_root: Path | None = None) -> None:
         self.sys_root = sys_root
         self.dev_root = dev_root  # for loop backing files; None: /dev/<kernel name> only
-        self._block = str(sys_root / "class" / "block")
+        self._sys = str(sys_root)
+        self._block = f"{self._sys}/class/block"
         self._memo: dict[tuple[str, object], object] = {}
         self._loops: dict[str, list[str]] | None = None  # backing name -> loop names
         self._backing: dict[str, str] = {}  # loop name -> backing name
@@ -272,33 +282,53 @@ class BlockTopology:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def once(self, key: tuple[str, object], compute: Callable[[], T]) -> T:
+        """compute(), the first time this look asks `key` (a name of the
+        caller's, not one of the topology's own): what else sysfs says of a
+        device, read once a look like the topology's entries."""
+        return self._once(("else", key), compute)
+
     def _dir(self, name: str) -> str:
         """/sys/class/block/<name>, as a string: paths here are built by the
         thousand, and pathlib objects cost more than the system calls."""
         return f"{self._block}/{name}"
 
+    # The few questions every device asks look in the memo themselves: a
+    # closure a question costs more than the answer, once it is known.
+
     def _is_partition(self, name: str) -> bool:
-        return self._once(("partition", name), lambda: _exists(f"{self._dir(name)}/partition"))
+        key = ("partition", name)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._memo[key] = _exists(f"{self._block}/{name}/partition")
+        return found  # type: ignore[return-value]
 
     def name(self, number: Number) -> str | None:
         """The kernel name of the block device with these numbers, if sysfs has it."""
-
-        def compute() -> str | None:
-            link = _link(self.sys_root / "dev" / "block" / f"{number[0]}:{number[1]}")
-            if not link:
-                return None
-            name = Path(link).name
-            if self._memo.get(("number", name)) is None:
-                self._memo[("number", name)] = number  # sysfs's own link says so
-            return name
-
-        return self._once(("name", number), compute)
+        key = ("name", number)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
+        link = _link(f"{self._sys}/dev/block/{number[0]}:{number[1]}")
+        name = _last_name(link) if link else None
+        if name is not None and self._memo.get(("number", name)) is None:
+            self._memo[("number", name)] = number  # sysfs's own link says so
+        self._memo[key] = name
+        return name
 
     def number(self, name: str) -> Number | None:
-        return self._once(("number", name), lambda: _read_number(f"{self._dir(name)}/dev"))
+        key = ("number", name)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._memo[key] = _read_number(f"{self._block}/{name}/dev")
+        return found  # type: ignore[return-value]
 
     def exists(self, name: str) -> bool:
-        return self._once(("exists", name), lambda: _exists(self._dir(name)))
+        key = ("exists", name)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._memo[key] = _exists(f"{self._block}/{name}")
+        return found  # type: ignore[return-value]
 
     def disk(self, name: str) -> str | None:
         """The whole disk of a partition: a kernel partition's parent, or the
@@ -376,11 +406,11 @@ class BlockTopology:
         every loop device (they are all virtual block devices)."""
         if self._loops is None:
             self._loops = {}
-            virtual = self.sys_root / "devices" / "virtual" / "block"
+            virtual = f"{self._sys}/devices/virtual/block"
             for loop in _entries(virtual):
                 if not loop.startswith("loop"):
                     continue
-                backing = self._backing_device(_read(virtual / loop / "loop" / "backing_file"))
+                backing = self._backing_device(_read(f"{virtual}/{loop}/loop/backing_file"))
                 if backing is not None and backing != loop:
                     self._backing[loop] = backing
                     self._loops.setdefault(backing, []).append(loop)
@@ -403,12 +433,13 @@ class BlockTopology:
         """The other devices of the btrfs filesystem it belongs to."""
         if self._btrfs is None:
             self._btrfs = {}
-            fs_root = self.sys_root / "fs" / "btrfs"
+            fs_root = f"{self._sys}/fs/btrfs"
             for fs_id in _entries(fs_root):
-                members = tuple(_entries(fs_root / fs_id / "devices"))
+                members = tuple(_entries(f"{fs_root}/{fs_id}/devices"))
                 for member in members:
                     self._btrfs[member] = members
-        return tuple(m for m in self._btrfs.get(name, ()) if m != name)
+        members = self._btrfs.get(name)
+        return tuple(m for m in members if m != name) if members else ()
 
     def aliased_disks(self, number: Number) -> tuple[str, ...]:
         """The block devices a character device reaches: for a SCSI generic

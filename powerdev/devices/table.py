@@ -22,8 +22,10 @@ seen from the other side, changed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -153,6 +155,7 @@ class DeviceTable:
         self._surveys = 0
         self._gen = 0
         self._since: dict[object, int] = {}
+        self._batch: BlockTopology | None = None  # one_look()'s, while it lasts
 
     # --- asking ---------------------------------------------------------------
 
@@ -327,7 +330,7 @@ class DeviceTable:
             # event for the family came (a node seen by inotify alone)
             kin = {k for key in missing for k in self.overlapping(key) if k in self._names}
             if kin - missing:
-                self._again(kin - missing, changes)
+                self._again(kin - missing, changes, topology)
         return changes
 
     def _add_name(self, key: Key, path: str) -> bool:
@@ -453,14 +456,19 @@ class DeviceTable:
                 assert number is not None
                 self._properties.pop(("b", *number), None)
                 self._block_facts.pop(("b", *number), None)
-            keys = self.joined_to([n for n in numbers if n is not None])
+            # one look at sysfs for both: who is joined, and what they are
+            topology = self._topology()
+            keys = self.joined_to([n for n in numbers if n is not None], topology)
+            return self._again(keys, changes, topology)
         return self._again(keys, changes)
 
-    def joined_to(self, numbers: Iterable[Number]) -> set[Key]:
+    def joined_to(
+        self, numbers: Iterable[Number], topology: BlockTopology | None = None
+    ) -> set[Key]:
         """The devices a block event on these devices reads again: those
         whose facts last named one of them, and those joined to one now (a
         new partition joins its disk, a new holder what is under it)."""
-        use = HostUse(self._topology(), {})
+        use = HostUse(topology if topology is not None else self._topology(), {})
         keys: set[Key] = set()
         for number in numbers:
             key = ("b", *number)
@@ -504,19 +512,40 @@ class DeviceTable:
             keys |= self._joined.get(number, set())
         return self._again(keys & self._names.keys(), Changes())
 
-    def _again(self, keys: set[Key], changes: Changes) -> Changes:
+    def _again(
+        self, keys: set[Key], changes: Changes, topology: BlockTopology | None = None
+    ) -> Changes:
         if not keys:
             return changes
         self._gen += 1
-        observed = self._observe(keys, self._topology(), self._host_use())
+        if topology is None:
+            topology = self._topology()
+        observed = self._observe(keys, topology, self._host_use())
         for key, fact in observed.items():
             if self._facts.get(key) != fact:
                 self._set_facts(key, fact, changes)
         return changes
 
+    @contextmanager
+    def one_look(self) -> Iterator[None]:
+        """Within, every look and event reads sysfs through one topology: a
+        batch of device events, applied at once (and with no await between),
+        reads each sysfs entry once, though its look at the paths and its
+        events for the devices ask the same device again."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = BlockTopology(self.sys_root, self.dev_root)
+        try:
+            yield
+        finally:
+            self._batch = None
+
     # --- the facts ------------------------------------------------------------
 
     def _topology(self) -> BlockTopology:
+        if self._batch is not None:
+            return self._batch
         return BlockTopology(self.sys_root, self.dev_root)
 
     def _host_use(self) -> HostTables | None:
@@ -590,8 +619,14 @@ def observe(
     other by identity."""
     identities: dict[Key, tuple[str, str] | None] = {}
     batch: dict[tuple[str, str], set[Key]] = {}
+    kernel_names: dict[Key, str | None] = {}  # a block device's, from the uevent read for it
     for key in keys:
-        found = identity.identity(sys_root, udev, key[0], key[1:]) if key[0] == "b" else None
+        if key[0] == "b":
+            found, kernel_names[key] = topology.once(
+                ("sysfs", key), partial(identity.block_sysfs, sys_root, udev, key[1:])
+            )
+        else:
+            found = None
         identities[key] = found
         if found is not None:
             batch.setdefault(found, set()).add(key)
@@ -604,17 +639,29 @@ def observe(
         return known | batch.get(value, set())
 
     use = HostUse(topology, tables.direct, tables.journals) if tables is not None else None
+    # each directory's NUMA node, for every device of this look
+    numa_dirs: dict[str, int | None] = topology.once(("numa dirs", None), dict)
     result = {}
     for key in keys:
         kind, number = key[0], (key[1], key[2])
         whole_disk, has_partitions = topology.place(number) if kind == "b" else (None, False)
+        if kind != "b":
+            kernel_names[key] = topology.once(
+                ("kernel name", key), partial(identity.kernel_name, sys_root, kind, number)
+            )
         result[key] = Facts(
-            kernel_name=identity.kernel_name(sys_root, kind, number),
+            kernel_name=kernel_names[key],
             identity=identities[key],
-            numa=identity.numa_node(sys_root, kind, number),
+            numa=topology.once(
+                ("numa", key), partial(identity.numa_node, sys_root, kind, number, numa_dirs)
+            ),
             whole_disk=whole_disk,
             has_partitions=has_partitions,
-            literal_only=special.by_number(kind, *number, sys_root),
+            literal_only=topology.once(
+                ("literal", key), partial(special.by_number, kind, *number, sys_root)
+            )
+            if kind == "c"  # a block device's answer needs no sysfs
+            else special.by_number(kind, *number, sys_root),
             host_use=use.reason_of(key) if use is not None else None,
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),

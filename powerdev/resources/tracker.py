@@ -431,10 +431,11 @@ def apply_events(
             block.append(event.number)
         elif event.number is not None:
             char.append(event.number)
-    changes = table.look(paths)
-    changes |= table.touched(e.number for e in events if e.number is not None)
-    if block:
-        changes |= table.device_changed("b", block)
-    if char:
-        changes |= table.device_changed("c", char)
+    with table.one_look():  # the batch's look and events: sysfs read once
+        changes = table.look(paths)
+        changes |= table.touched(e.number for e in events if e.number is not None)
+        if block:
+            changes |= table.device_changed("b", block)
+        if char:
+            changes |= table.device_changed("c", char)
     return changes

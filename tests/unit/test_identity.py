@@ -532,6 +532,22 @@ def test_an_unreadable_numa_node_is_none(tree):
     assert numa_node(tree.root, "b", (8, 0)) is None
 
 
+def test_devices_asked_together_share_what_their_directories_answer(tree):
+    scsi_disk(tree)
+    tree.file(f"{SCSI_DEV}/numa_node", "-1\n")  # the nearest: unknown, for both
+    tree.file("pci0000:00/0000:00:05.0/numa_node", "3\n")
+    tree.device("pci0000:00/0000:00:05.0/crypto/nx-gzip", (245, 0), kind="char")
+    tree.device("virtual/block/loop0", (7, 0))
+    asked = [("b", (8, 1)), ("b", (8, 0)), ("c", (245, 0)), ("b", (7, 0)), ("b", (8, 9))]
+    seen: dict[str, int | None] = {}
+    together = [numa_node(tree.root, kind, number, seen) for kind, number in asked]
+    assert together == [numa_node(tree.root, kind, number) for kind, number in asked]
+    assert together == [None, None, 3, None, None]
+    (tree.root / "devices" / SCSI_DEV / "numa_node").unlink()  # now the controller's, 1
+    assert numa_node(tree.root, "b", (8, 0), seen) is None  # what this look saw
+    assert numa_node(tree.root, "b", (8, 0), {}) == 1
+
+
 def test_char_devices_have_numa_nodes_too(tree):
     tree.file("pci0000:00/0000:00:05.0/numa_node", "3\n")
     tree.device("pci0000:00/0000:00:05.0/crypto/nx-gzip", (245, 0), kind="char")

@@ -473,6 +473,42 @@ def test_a_mount_change_reads_again_only_the_devices_joined_to_it(tmp_path):
     assert not table.host_tables_changed()  # a mount of no device: nothing to look at
 
 
+def test_a_batch_of_events_reads_sysfs_through_one_topology(tmp_path, monkeypatch):
+    from powerdev.devices import table as table_module
+
+    table = table_for(tmp_path)
+    made: list[BlockTopology] = []
+
+    class Counted(BlockTopology):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(table_module, "BlockTopology", Counted)
+    keys = (("b", 8, 32), ("b", 8, 33), ("b", 8, 34), ("b", 253, 2))
+    for key in keys:
+        table._names[key] = f"/dev/{key[1]}-{key[2]}"  # as if a look had named it
+        table.facts(key)
+    before = {key: table.facts(key) for key in keys}
+    made.clear()
+    with table.one_look():
+        table.look([])
+        assert not table.device_changed("b", [(8, 33)])  # nothing changed
+        table.device_changed("b", [(8, 34)])
+    assert len(made) == 1
+    assert {key: table.facts(key) for key in keys} == before
+    # the next batch reads sysfs afresh: sdc2 is gone
+    part = tmp_path / "sys" / "class" / "block" / "sdc2"
+    shutil.rmtree(part.resolve())
+    part.unlink()
+    (tmp_path / "sys" / "dev" / "block" / "8:34").unlink()
+    with table.one_look():
+        changed = table.device_changed("b", [(8, 34)])
+    assert len(made) == 2
+    assert ("b", 8, 34) in changed.keys
+    assert table.facts(("b", 8, 34)).kernel_name is None
+
+
 def test_an_unreadable_mount_table_is_logged_not_fatal(tmp_path, caplog):
     sys_root = sysfs(tmp_path / "sys", TREE)
     table = DeviceTable(tmp_path, sys_root, host=HostFiles(tmp_path / "missing", None))
