@@ -60,7 +60,6 @@ class PodsHold:
         return held
 
 
-
 async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the

@@ -244,6 +244,7 @@ class SpecWriter:
             )
         self._kept = kept
 
+
 def _merge_and_write(
     path: Path,
     resource: ResourceConfig,
