@@ -104,8 +104,12 @@ class Plugin:
 
     def sides_changed(self) -> None:
         """A "both" resource: what each API holds changed; every stream and
-        the pool see it."""
-        self.inventory.publish(self.inventory.current.devices, force=True)
+        the pool see it. A resource served through one API has one side:
+        its list and pool stay as they are (re-sent, they would cost a whole
+        list to the kubelet, or a whole pool to the API server, at every
+        Allocate, prepare and unprepare)."""
+        if self.resource.both:
+            self.inventory.publish(self.inventory.current.devices, force=True)
 
     @property
     def resource(self) -> ResourceConfig:
@@ -143,8 +147,10 @@ class Plugin:
         key = self._key_of_units(snapshot)
         if key != self._units_key:
             counted = await trio.to_thread.run_sync(_counted, snapshot, self.resource, key[-1])
-            if key != self._units_key:  # not counted on the Trio thread meanwhile
+            kept = self._units_key
+            if kept is None or kept[0] <= snapshot.version:  # never over a newer count
                 self._keep_units(key, counted)
+            return counted[0]
         return self._units
 
     def _key_of_units(self, snapshot: Snapshot) -> tuple[Any, ...]:

@@ -178,11 +178,14 @@ async def test_resources_on_one_api_are_not_touched(tmp_path):
         plugin, _ = both(tmp_path / api, api)
         assert offered(plugin) == ["u1", "u2"]  # no kubelet answer needed
         assert plugin.ledger is not None
+        version = plugin.inventory.version
         plugin.ledger.claimed(RESOURCE, "u1", [("b", 8, 16)], "uid-1")
         assert health(plugin) == {"u1": True, "u2": True}  # no side split: one API
         plugin.ledger.unclaimed("uid-1")
         plugin.allocate([["u1"]])
         assert offered(plugin) == ["u1", "u2"]
+        # nothing to send again: no new list for the kubelet, no new pool
+        assert plugin.inventory.version == version
 
 
 async def test_a_unit_another_prepared_claim_holds_is_not_prepared_again(tmp_path):
