@@ -4,11 +4,15 @@ partition table keeps its partitions from every other pod until its pod
 ends; two loop devices on one backing file are one device.
 
 Loop devices are loop410-loop414 (inside test_host_use_topology's range,
-which these tests share, one at a time)."""
+which these tests share, one at a time). Also `powerdev scan` printing each
+device's family and verdict."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +106,34 @@ async def test_two_loop_devices_on_one_file_are_one_device(tmp_path):
         clash = find_overlap([a, b], DEV, SYS)
         assert clash is not None and clash[0] == 1
         assert f"example.com/a lists {one}, the same storage" in clash[1]
+
+
+def test_scan_prints_each_devices_family_and_verdict(tmp_path):
+    """`powerdev scan` on real kernel state: a loop disk with a GPT table
+    and two partitions, in "each" mode: each partition offered with its
+    family (it lies on the disk), the disk left out with its verdict."""
+    require_command("sfdisk", "fdisk")
+    config = tmp_path / "config.json"
+    config.write_text(f'{{"include-devices": ["/dev/loop{FIRST + 3}*"], "allocation": "each"}}')
+    with loop_devices() as loops:
+        disk = f"/dev/{loops.control.add(FIRST + 3)}"
+        image = sparse(tmp_path / "disk.img", 64 * MiB)
+        run("losetup", "--partscan", disk, str(image))
+        loops.bound.append(disk)
+        run("sfdisk", "--quiet", disk, input=GPT)
+        run("partx", "--update", disk)
+        name = disk.removeprefix("/dev/")
+        command = [sys.executable, "-m", "powerdev", "scan", "--config", str(config)]
+        command += ["--dev-root", str(DEV), "--sys-root", str(SYS)]
+        done = subprocess.run([*command, "--json"], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        (report,) = json.loads(done.stdout)
+        family = {d["path"]: d["family"] for d in report["advertised"]}
+        assert family == {
+            f"{disk}p1": {"below": [name]},
+            f"{disk}p2": {"below": [name]},
+        }
+        (left,) = [x for x in report["left_out"] if x["path"] == disk]
+        assert "partitions" in left["reason"]  # "each": a disk with partitions, as its partitions
+        text = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        assert f"    family: lies on {name}" in text
