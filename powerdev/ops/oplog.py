@@ -10,7 +10,7 @@ import heapq
 import logging
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -47,14 +47,31 @@ def describe_change(
 ) -> str | None:
     """What changed between two device lists (path -> healthy), or None if
     nothing did. The first list is described as what was found."""
+    total = _total(len(after), sum(after.values()))
     if before is None:
-        total = _total(len(after), sum(after.values()))
         return f"{total}: {names(after, most)}" if after else total
-    added = [p for p in after if p not in before]
-    removed = [p for p in before if p not in after]
-    sick = [p for p in after if p in before and before[p] and not after[p]]
-    well = [p for p in after if p in before and not before[p] and after[p]]
-    return _said(added, removed, sick, well, _total(len(after), sum(after.values())), most)
+    return _said(*_changes(before, after.get, before.keys() | after.keys()), total, most)
+
+
+def _changes(
+    before: Mapping[str, bool], now: Callable[[str], bool | None], paths: Iterable[str]
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Of these paths: those added, removed, turned Unhealthy and turned
+    Healthy between `before` and `now` (path -> healthy, None if unlisted)."""
+    added: list[str] = []
+    removed: list[str] = []
+    sick: list[str] = []
+    well: list[str] = []
+    for path in paths:
+        was, healthy = before.get(path), now(path)
+        if healthy is None:
+            if was is not None:
+                removed.append(path)
+        elif was is None:
+            added.append(path)
+        elif was != healthy:
+            (sick if was else well).append(path)
+    return added, removed, sick, well
 
 
 def _total(count: int, healthy: int) -> str:
@@ -103,25 +120,14 @@ class DeviceLog:
         last = self._last.get(resource)
         if last is None or paths is None:
             return self.change(resource, listed.values())
-        added: list[str] = []
-        removed: list[str] = []
-        sick: list[str] = []
-        well: list[str] = []
-        for path in paths:
-            device = listed.get(path)
-            was = last.get(path)
-            if device is None:
-                if was is not None:
-                    removed.append(path)
-                    del last[path]
-                continue
-            if was is None:
-                added.append(path)
-            elif was != device.healthy:
-                (sick if was else well).append(path)
-            last[path] = device.healthy
-        total = _total(len(last), sum(last.values()))
-        return _said(added, removed, sick, well, total, MOST_NAMES)
+        now = {p: (d.healthy if (d := listed.get(p)) is not None else None) for p in paths}
+        changes = _changes(last, now.get, now)
+        for path, healthy in now.items():
+            if healthy is None:
+                last.pop(path, None)
+            else:
+                last[path] = healthy
+        return _said(*changes, _total(len(last), sum(last.values())), MOST_NAMES)
 
 
 # --- the start lines ----------------------------------------------------------
