@@ -122,7 +122,7 @@ class Ledger:
         # keys whose rulings may have changed -> the one resource that has ruled
         # on them since (its own listing: it rules right after), or None
         self._dirty: dict[Key, str | None] = {}
-        self._sides: set[str] = set()  # "both" resources whose holds changed
+        self._sides: set[str] = set()  # resources whose held units changed
         self._views: dict[str, View] = {}
         self._wake = trio.Event()
         self.known = False  # the kubelet has said once what pods hold
@@ -406,7 +406,10 @@ class Ledger:
                 keys = {key for key, excused in dirty.items() if excused != name}
                 if keys:
                     view.regate(keys)
-                if name in sides:
+                # a unit held or let go is news to a "both" resource's other
+                # side only: to one served through one API, a whole list or
+                # pool sent again at every Allocate, prepare and unprepare
+                if name in sides and view.resource.both:
                     view.sides_changed()
 
     # --- what pods hold, as the kubelet says ---------------------------------

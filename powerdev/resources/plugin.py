@@ -104,12 +104,8 @@ class Plugin:
 
     def sides_changed(self) -> None:
         """A "both" resource: what each API holds changed; every stream and
-        the pool see it. A resource served through one API has one side:
-        its list and pool stay as they are (re-sent, they would cost a whole
-        list to the kubelet, or a whole pool to the API server, at every
-        Allocate, prepare and unprepare)."""
-        if self.resource.both:
-            self.inventory.publish(self.inventory.current.devices, force=True)
+        the pool see it."""
+        self.inventory.publish(self.inventory.current.devices, force=True)
 
     @property
     def resource(self) -> ResourceConfig:
