@@ -247,11 +247,11 @@ def block_sysfs(
     sys_root: Path, udev: UdevDatabase | None, number: Number
 ) -> tuple[tuple[str, str] | None, str | None]:
     """identity() and kernel_name() of a block device, its uevent read once."""
-    link = f"{os.fspath(sys_root)}/dev/block/{number[0]}:{number[1]}"
-    data = _read_bytes(f"{link}/uevent")
     where = _device_link(sys_root, "b", number)
-    found = _identity_at(where, data, udev, "b", number) if where is not None else None
-    return found, _devname_in(data)
+    if where is None:
+        return None, None  # no directory there: no uevent file either
+    data = _read_bytes(f"{where}/uevent")
+    return _identity_at(where, data, udev, "b", number), _devname_in(data)
 
 
 def identity_id(source: str, value: str) -> str:
@@ -293,7 +293,7 @@ def numa_node(
     if where.startswith(virtual):
         return None  # loop, dm, mem...: no device of any NUMA node
     if seen is None:
-        return _numa_from(where, top)
+        seen = {}
     walked = []
     node = None
     while where.startswith(top):
@@ -319,15 +319,6 @@ def _devices_dirs(sys_root: str) -> tuple[str, str]:
 
 
 _ABSENT = object()  # no numa_node file in a directory: its parent's answer
-
-
-def _numa_from(where: str, top: str) -> int | None:
-    while where.startswith(top):
-        found = _numa_here(where)
-        if found is not _ABSENT:
-            return found  # type: ignore[return-value]
-        where = os.path.dirname(where)
-    return None
 
 
 def _numa_here(where: str) -> int | object | None:
