@@ -8,6 +8,7 @@ Loop devices are loop415-loop419 (the range of test_host_use_topology)."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,17 @@ def _key(node: str) -> str:
     return f"block {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
+def listed(kubelet, name: str) -> dict[str, str]:
+    """What the kubelet has of the resource now: ID -> health."""
+    return dict(kubelet.resources[name].devices)
+
+
+def rebind(node: str, image: Path) -> None:
+    """Another LUN at the same numbers: the loop number bound to another file."""
+    run("losetup", "--detach", node)
+    run("losetup", node, str(image))
+
+
 @pytest.mark.parametrize(
     "held_since", ["this daemon", "before this daemon", "before, and the kubelet slow to say"]
 )
@@ -126,9 +138,7 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             pod_resources_down=slow,
         ) as h:
             kubelet, name = h.kubelet, h.name
-
-            def units() -> dict[str, str]:
-                return dict(kubelet.resources[name].devices)
+            units = partial(listed, kubelet, name)
 
             await kubelet.wait_until(lambda k: len(units()) == 1)
             (old,) = units()
@@ -139,8 +149,7 @@ async def test_a_loop_number_bound_to_another_file_waits_while_a_pod_holds_the_o
             assert kubelet.pods == earlier
             # Another LUN at the same numbers: the pod's container may still
             # reach them, so the new unit is not granted while p1 holds the old.
-            run("losetup", "--detach", node)
-            run("losetup", node, str(second))
+            rebind(node, second)
             await kubelet.wait_until(lambda k: old not in units() and len(units()) == 1)
             (new,) = units()
             assert new != old
@@ -183,9 +192,7 @@ async def test_a_cdi_name_a_pod_holds_is_dropped_once_its_numbers_are_another_de
             cdi_recheck_interval=0.05,
         ) as h:
             kubelet, name = h.kubelet, h.name
-
-            def units() -> dict[str, str]:
-                return dict(kubelet.resources[name].devices)
+            units = partial(listed, kubelet, name)
 
             await kubelet.wait_until(lambda k: len(units()) == 1)
             (old,) = units()
@@ -193,8 +200,7 @@ async def test_a_cdi_name_a_pod_holds_is_dropped_once_its_numbers_are_another_de
             kubelet.pods = {"p1": {name: [old]}}  # and it stays held
             spec = specs / "power-dev-plugin-dev.json"
             assert old in spec.read_text()
-            run("losetup", "--detach", node)
-            run("losetup", node, str(second))
+            rebind(node, second)
             await kubelet.wait_until(lambda k: old not in units() and len(units()) == 1)
             # the spec held only that name, and the new device waits (Unhealthy):
             # nothing is left to name, so the file goes
