@@ -227,11 +227,15 @@ class Ledger:
         if keys is not None:
             keys.discard(key)
             if not keys:
-                del self._by_holder[holder]
-                self._at.pop(holder, None)
-                self._waits.pop(holder, None)
-                self._provisional.discard(holder)
+                self._forget_holder(holder)
         self._count(holder, -1)
+
+    def _forget_holder(self, holder: Holder) -> None:
+        """It holds nothing any more: nothing of it stays."""
+        del self._by_holder[holder]
+        self._at.pop(holder, None)
+        self._waits.pop(holder, None)
+        self._provisional.discard(holder)
 
     def _release(self, key: Key) -> None:
         old = self._holds.pop(key, None)
@@ -264,10 +268,7 @@ class Ledger:
         if mine is not None:
             mine.difference_update(keys)
             if not mine:
-                del self._by_holder[holder]
-                self._at.pop(holder, None)
-                self._waits.pop(holder, None)
-                self._provisional.discard(holder)
+                self._forget_holder(holder)
         if holder.unit is not None:
             for _ in keys:
                 self._count(holder, -1)
