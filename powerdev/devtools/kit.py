@@ -2,7 +2,8 @@
 
 `bash conformance/build` builds the kit (the kubelet's device manager
 harness, its DRA manager harness, the CDI library's checker, a one-node
-control plane, kubectl, and actionlint for the workflows) from Go modules
+control plane, kubectl, a real node's kubelet, containerd and runc, and
+actionlint for the workflows) from Go modules
 into conformance/bin/ of this checkout. Each binary may instead be named by
 its environment variable; a variable that is set is the only place looked
 at, so that a wrong path is reported rather than hidden by an older build.
@@ -66,9 +67,15 @@ TOOLS = {
             "kube-controller-manager", "POWERDEV_KUBE_CONTROLLER_MANAGER", "kube-controller-manager"
         ),
         KitBinary("kubectl", "POWERDEV_KUBECTL", "kubectl"),
+        KitBinary("kubelet", "POWERDEV_KUBELET", "the kubelet"),
+        KitBinary("containerd", "POWERDEV_CONTAINERD", "containerd"),
+        KitBinary("containerd-shim-runc-v2", "POWERDEV_CONTAINERD_SHIM", "containerd's runc shim"),
+        KitBinary("ctr", "POWERDEV_CTR", "containerd's ctr"),
+        KitBinary("runc", "POWERDEV_RUNC", "runc"),
     )
 }
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+NODE = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")  # a real node's
 
 
 def find(name: str, env: Mapping[str, str] | None = None) -> Path | None:

@@ -59,6 +59,11 @@ CONTROLLERS = (
     "garbage-collector-controller",
     "resourceclaim-controller",
 )
+# What a real node also needs of it (node.py): the node lifecycle controller
+# lifts the not-ready taint the node registers with, and the root CA
+# publisher writes the `kube-root-ca.crt` ConfigMap that every pod's token
+# volume projects.
+NODE_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
 # How each stops on SIGTERM (returncode; negative: ended by that signal),
 # when not 0. The scheduler without leader election exits 1, "finished
 # without leader elect". The controller manager catches signals only with
@@ -340,7 +345,13 @@ def _etcd_command(root: Path, pki: Pki, tools: dict[str, Path]) -> list[str]:
 
 
 def _apiserver_command(
-    root: Path, pki: Pki, tools: dict[str, Path], etcd_url: str, port: int, hosts: Path
+    root: Path,
+    pki: Pki,
+    tools: dict[str, Path],
+    etcd_url: str,
+    port: int,
+    hosts: Path,
+    node: str | None = None,
 ) -> list[str]:
     apiserver = [
         *private_hosts(hosts),
@@ -367,10 +378,22 @@ def _apiserver_command(
         "--endpoint-reconciler-type=none",
         f"--cert-dir={root / 'apiserver-certs'}",
     ]
+    if node is not None:
+        kubelet_client = pki.clients["apiserver-kubelet-client"]
+        apiserver += [
+            # The node's name resolves to 127.0.0.1 in the private hosts file;
+            # its InternalIP is whatever address the kubelet found.
+            "--kubelet-preferred-address-types=Hostname,InternalIP",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+        ]
     return [str(a) for a in apiserver]
 
 
-def _controller_commands(pki: Pki, tools: dict[str, Path]) -> tuple[list[str], list[str]]:
+def _controller_commands(
+    pki: Pki, tools: dict[str, Path], node: str | None = None
+) -> tuple[list[str], list[str]]:
+    controllers = CONTROLLERS + (NODE_CONTROLLERS if node is not None else ())
     scheduler = [
         tools["kube-scheduler"],
         f"--kubeconfig={pki.kubeconfig('scheduler')}",
@@ -383,7 +406,7 @@ def _controller_commands(pki: Pki, tools: dict[str, Path]) -> tuple[list[str], l
         f"--kubeconfig={pki.kubeconfig('controller-manager')}",
         "--leader-elect=false",
         "--secure-port=0",
-        f"--controllers={','.join(CONTROLLERS)}",
+        f"--controllers={','.join(controllers)}",
         # Each controller as its own ServiceAccount, which the bootstrap RBAC
         # binds to its role (the namespace controller's deletecollection, for
         # one): the controller manager's own user has none of these.
@@ -400,15 +423,21 @@ async def run(
     *,
     hosts: tuple[str, ...] = (),
     controllers: bool = True,
+    node: str | None = None,
     task_status: trio.TaskStatus[ControlPlane] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start the control plane in `root`, report it started, and run it
     until cancelled. `hosts` are names that the API server resolves to
     127.0.0.1 (webhook URLs), through a private /etc/hosts. Without
     `controllers`, only etcd and kube-apiserver (no scheduler, no
-    controller manager: nothing allocates claims or makes ServiceAccounts)."""
+    controller manager: nothing allocates claims or makes ServiceAccounts).
+    With `node`, ready for a real kubelet by that name (node.py): its client
+    certificate, its name resolving to 127.0.0.1, and the controllers a
+    node needs (NODE_CONTROLLERS)."""
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    pki = make_pki(root / "pki")
+    pki = make_pki(root / "pki", node)
+    if node is not None:
+        hosts = (*hosts, node)
     env = _environment()
     components: list[Component] = []
     exited: dict[str, int] = {}
@@ -427,7 +456,7 @@ async def run(
                     server = f"https://127.0.0.1:{port}"
                     write_kubeconfigs(pki, server)
                     hosts_path = hosts_file(root / "hosts", ("localhost", *hosts))
-                    argv = _apiserver_command(root, pki, tools, etcd_url, port, hosts_path)
+                    argv = _apiserver_command(root, pki, tools, etcd_url, port, hosts_path, node)
                     apiserver = await _start(nursery, root, "kube-apiserver", argv, env)
                     components.append(apiserver)
                     plane = ControlPlane(
@@ -435,7 +464,7 @@ async def run(
                     )
                     await _apiserver_ready(plane, apiserver)
                     if controllers:
-                        await _start_controllers(nursery, plane)
+                        await _start_controllers(nursery, plane, node)
                     for component in components:
                         nursery.start_soon(_record_exit, component, exited)
                 plane.start_seconds = trio.current_time() - began
@@ -449,10 +478,12 @@ async def run(
                         component.output.scope.cancel()
 
 
-async def _start_controllers(nursery: trio.Nursery, plane: ControlPlane) -> None:
+async def _start_controllers(
+    nursery: trio.Nursery, plane: ControlPlane, node: str | None = None
+) -> None:
     """The scheduler and the controller manager, until the scheduler's
     handlers have synced and the `default` ServiceAccount exists."""
-    scheduler_argv, manager_argv = _controller_commands(plane.pki, plane.tools)
+    scheduler_argv, manager_argv = _controller_commands(plane.pki, plane.tools, node)
     root, env = plane.root, plane._env
     scheduler = await _start(nursery, root, "kube-scheduler", scheduler_argv, env)
     plane.components.append(scheduler)

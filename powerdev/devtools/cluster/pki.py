@@ -39,6 +39,13 @@ CLIENTS = {  # kubeconfig name: (user, groups)
     "scheduler": ("system:kube-scheduler", ()),
     "controller-manager": ("system:kube-controller-manager", ()),
 }
+# With a real node: the kubelet, as the Node authorizer expects a node's
+# client to be named, and the API server's client to the kubelets (logs,
+# exec), which the kubelet's x509 authentication checks against the CA.
+NODE_CLIENTS = {
+    "kubelet": ("system:node:{node}", ("system:nodes",)),
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),
+}
 LIFETIME = datetime.timedelta(days=2)  # a test session's, with room
 
 
@@ -56,6 +63,7 @@ class Pki:
     etcd: KeyPair  # serves etcd, and is its peer client certificate
     etcd_client: KeyPair  # the API server's, to etcd
     clients: dict[str, KeyPair]
+    users: dict[str, str]  # each client's user name, by kubeconfig name
     service_account_key: Path  # private: the API server and the token controller sign with it
     service_account_public: Path  # what the API server verifies tokens with
 
@@ -154,14 +162,19 @@ class _Ca:
         return pair
 
 
-def make_pki(dir: Path) -> Pki:
+def make_pki(dir: Path, node: str | None = None) -> Pki:
+    """Everything the control plane needs; with `node`, also the clients of
+    a real node by that name (NODE_CLIENTS)."""
     dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca = _Ca()
     ca_path = dir / "ca.crt"
     ca_path.write_bytes(ca.cert.public_bytes(serialization.Encoding.PEM))
+    wanted = dict(CLIENTS)
+    if node is not None:
+        wanted |= {k: (user.format(node=node), g) for k, (user, g) in NODE_CLIENTS.items()}
     clients = {
         name: ca.issue(dir, name, user, groups=groups, client=True)
-        for name, (user, groups) in CLIENTS.items()
+        for name, (user, groups) in wanted.items()
     }
     sa_key = ec.generate_private_key(ec.SECP256R1())
     sa_private = dir / "service-account.key"
@@ -181,6 +194,7 @@ def make_pki(dir: Path) -> Pki:
         etcd=ca.issue(dir, "etcd", "etcd", names=("127.0.0.1",), server=True, client=True),
         etcd_client=ca.issue(dir, "etcd-client", "kube-apiserver", client=True),
         clients=clients,
+        users={name: user for name, (user, _) in wanted.items()},
         service_account_key=sa_private,
         service_account_public=sa_public,
     )
@@ -189,7 +203,7 @@ def make_pki(dir: Path) -> Pki:
 def write_kubeconfigs(pki: Pki, server: str) -> None:
     """A kubeconfig for each client, naming the files (JSON is YAML)."""
     for name, pair in pki.clients.items():
-        user = CLIENTS[name][0]
+        user = pki.users[name]
         config = {
             "apiVersion": "v1",
             "kind": "Config",

@@ -1,0 +1,500 @@
+"""A real Kubernetes node on this machine, for the tests that run real pods:
+the kubelet, containerd and runc from the conformance kit, joined to a
+control plane of their own (controlplane.py with `node`), with the busybox
+and pause images of images.py imported into containerd.
+
+`run()` is a Trio service: the control plane, then containerd, the images,
+the kubelet, until the Node is Ready; then task_status.started(Node).
+Cancelled, it stops the kubelet, deletes every container (runc), stops
+containerd and its shims, and removes every directory it made, the kubelet's
+fixed ones too. Node.reboot() does the same to the node's parts only, wipes
+what a reboot wipes (/run, the CDI specs) and starts them again.
+
+What this machine kind needs, found by trying (each is set below):
+- cgroup v1 only: the kubelet refuses it unless failCgroupV1 is false, and
+  runs with the cgroupfs driver;
+- no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj, so containerd's
+  restrict_oom_score_adj;
+- the kubelet's device-plugins directory is /var/lib/kubelet/device-plugins
+  whatever --root-dir says, and containerd's shims keep their sockets under
+  /run/containerd: one node per machine at a time (LOCK);
+- one CNI plugin, loopback: the runtime's network is ready, and pods use
+  hostNetwork;
+- no udev: /dev/loopN is root's, mode 0600, so a non-root pod opens a
+  device only through the runtime's ownership options (OWNERSHIP) or CDI.
+
+containerd and the kubelet share one mount namespace of their own: every
+mount they make (images, volumes, sandboxes) goes when their last process
+does, and the host's mounts are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from powerdev.devtools import kit
+from powerdev.devtools.cluster import controlplane, images
+from powerdev.devtools.cluster.client import NOT_READY_TAINT
+from powerdev.devtools.cluster.controlplane import Component, ControlPlane
+from powerdev.devtools.testing import stop
+
+NAME = "powerdev-node"  # resolves to 127.0.0.1 for the API server (controlplane.py)
+LOCK = Path("/run/powerdev-kit-node.lock")
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # the kubelet's, fixed
+CONTAINERD_RUN = Path("/run/containerd")  # the shims', fixed
+RUNC_ROOT = CONTAINERD_RUN / "runc" / "k8s.io"  # runc's state of the CRI's containers
+HOST_CDI = Path("/var/run/cdi")  # where a DaemonSet's powerdev writes its specs
+CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+KUBELET_PORT = 10250
+START_LIMIT = 120.0  # seconds for the node's parts, after the control plane
+STOP_LIMIT = 20.0  # seconds each process has after SIGTERM
+# The runtime sets each DeviceSpec's owner to the container's runAsUser and
+# runAsGroup: what an admin sets on a node whose devices are root's.
+OWNERSHIP = True
+
+
+class NodeError(Exception):
+    """The node failed to start; str() says which part and where its log is."""
+
+
+@dataclass
+class Node:
+    """What tests need of a running node."""
+
+    name: str
+    root: Path
+    plane: ControlPlane
+    tools: dict[str, Path]
+    start_seconds: float  # from nothing to the Node Ready, the control plane included
+    node_seconds: float  # from containerd's start to the Node Ready
+    parts: dict[str, Component] = field(default_factory=dict)
+    _nursery: trio.Nursery | None = field(default=None, repr=False)
+    _token: trio.lowlevel.TrioToken | None = field(default=None, repr=False)
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def plugins_registry(self) -> Path:
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def plugins(self) -> Path:
+        return self.kubelet_root / "plugins"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """A CDI spec directory of this node's runtime, for a powerdev the
+        test runs (a DaemonSet's writes HOST_CDI, the runtime's other one)."""
+        return self.root / "cdi"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    def log(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.log"
+
+    def ctr(self, *args: str) -> list[str]:
+        """The command line of the kit's ctr on this node's containerd, in
+        the CRI's namespace."""
+        address = str(self.containerd_socket)
+        return [str(self.tools["ctr"]), "--address", address, "-n", "k8s.io", *args]
+
+    # Each of these runs on the node's Trio loop; call() runs one from
+    # another loop (a test's).
+
+    async def restart_kubelet(self) -> None:
+        """The kubelet stopped (SIGTERM) and started again under the
+        running pods, until the Node is Ready again."""
+        await _stop_part(self.parts.pop("kubelet"))
+        await self._start_kubelet()
+
+    async def reboot(self) -> None:
+        """What a reboot does to the node: every container and process
+        gone, /run wiped (containerd's state and shim sockets, the CDI specs
+        there), the disks kept (containerd's images, the kubelet's root with
+        its checkpoints); then containerd and the kubelet start again."""
+        await self._stop_parts()
+        for path in (self.root / "containerd" / "state", CONTAINERD_RUN, self.cdi_dir, HOST_CDI):
+            _remove(path)
+        self.cdi_dir.mkdir()
+        await self._start_parts()
+
+    async def call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """fn() on the node's loop, awaited from the caller's loop."""
+        return await trio.to_thread.run_sync(
+            partial(trio.from_thread.run, fn, trio_token=self._token)
+        )
+
+    # What run() and reboot() share.
+
+    async def _start_parts(self) -> None:
+        assert self._nursery is not None
+        with trio.fail_after(START_LIMIT):
+            argv, env = _containerd_command(self), _environment(self)
+            self.parts["containerd"] = part = await controlplane._start(
+                self._nursery, self.root, "containerd", argv, env
+            )
+            await part.output.wait_for(lambda line: "containerd successfully booted" in line)
+            await _import_images(self)
+            await self._start_kubelet()
+
+    async def _start_kubelet(self) -> None:
+        assert self._nursery is not None
+        with trio.fail_after(START_LIMIT):
+            self.parts["kubelet"] = kubelet = await controlplane._start(
+                self._nursery, self.root, "kubelet", _kubelet_command(self), _environment(self)
+            )
+            async with self.plane.api() as api:
+                await controlplane._until(
+                    kubelet, partial(api.wait_for, "/api/v1/nodes", self.name, _ready)
+                )
+
+    async def _stop_parts(self) -> None:
+        with trio.CancelScope(shield=True):
+            if "kubelet" in self.parts:
+                await _stop_part(self.parts.pop("kubelet"))
+            await _delete_containers(self.tools["runc"])
+            if "containerd" in self.parts:
+                await _stop_part(self.parts.pop("containerd"))
+            _kill_shims(self.tools["containerd-shim-runc-v2"])
+            _remove_pod_cgroups()
+
+
+def _ready(node: dict) -> bool:
+    conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+    taints = [t["key"] for t in node.get("spec", {}).get("taints", [])]
+    return conditions.get("Ready") == "True" and NOT_READY_TAINT not in taints
+
+
+async def _stop_part(part: Component) -> None:
+    part.stopping = True
+    if part.proc.returncode is None:
+        part.killed = await stop(part.proc, STOP_LIMIT)
+    await part.output.wait_ended()
+
+
+def _environment(node: Node) -> dict[str, str]:
+    """Ours without proxies, with the kit's directory first on PATH: where
+    containerd finds its shim."""
+    env = controlplane._environment()
+    shims = node.tools["containerd-shim-runc-v2"].parent
+    env["PATH"] = f"{shims}:{env.get('PATH', '/usr/bin:/bin')}"
+    return env
+
+
+def _containerd_config(node: Node) -> str:
+    """containerd's config (version 3, containerd 2.x): its own root, state
+    and socket under the node's root; the CRI's runtime is the kit's runc."""
+    base = node.root / "containerd"
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    lines = [
+        "version = 3",
+        f"root = {json.dumps(str(base / 'root'))}",
+        f"state = {json.dumps(str(base / 'state'))}",
+        "[grpc]",
+        f"address = {json.dumps(str(node.containerd_socket))}",
+        "[ttrpc]",
+        f"address = {json.dumps(str(node.containerd_socket) + '.ttrpc')}",
+        f"[{runtime}]",
+        "restrict_oom_score_adj = true",
+        f"device_ownership_from_security_context = {json.dumps(OWNERSHIP)}",
+        f"cdi_spec_dirs = {json.dumps([str(HOST_CDI), str(node.cdi_dir)])}",
+        f"[{runtime}.containerd]",
+        "default_runtime_name = 'runc'",
+        f"[{runtime}.containerd.runtimes.runc]",
+        "runtime_type = 'io.containerd.runc.v2'",
+        f"[{runtime}.containerd.runtimes.runc.options]",
+        f"BinaryName = {json.dumps(str(node.tools['runc']))}",
+        f"[{runtime}.cni]",
+        f"bin_dirs = {json.dumps([str(CNI_PLUGINS)])}",
+        f"conf_dir = {json.dumps(str(node.root / 'cni'))}",
+        "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+        f"sandbox = {json.dumps(images.PAUSE)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _containerd_command(node: Node) -> list[str]:
+    config = node.root / "containerd.toml"
+    config.write_text(_containerd_config(node))
+    # A mount namespace of its own, which the kubelet joins (nsenter).
+    return [
+        "unshare", "--mount", "--propagation", "slave", "--",
+        str(node.tools["containerd"]), "--config", str(config),
+    ]  # fmt: skip
+
+
+def _kubelet_config(node: Node) -> dict[str, object]:
+    pki = node.plane.pki
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
+        "port": KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(pki.ca)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "podLogsDir": str(node.root / "pod-logs"),
+        "failSwapOn": False,
+        "resolvConf": "/etc/resolv.conf",
+        "volumePluginDir": str(node.root / "volume-plugins"),
+        # This machine's disk may be fuller than a node's would be.
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+    }
+
+
+def _kubelet_command(node: Node) -> list[str]:
+    config = node.root / "kubelet.json"
+    config.write_text(json.dumps(_kubelet_config(node), indent=2) + "\n")
+    containerd = node.parts["containerd"].proc.pid
+    return [
+        "nsenter", f"--mount=/proc/{containerd}/ns/mnt", "--",
+        str(node.tools["kubelet"]),
+        f"--config={config}",
+        f"--kubeconfig={node.plane.pki.kubeconfig('kubelet')}",
+        f"--root-dir={node.kubelet_root}",
+        f"--cert-dir={node.kubelet_root / 'pki'}",  # else /var/lib/kubelet/pki, whatever the root
+        f"--hostname-override={node.name}",
+        "--v=2",
+    ]  # fmt: skip
+
+
+async def _import_images(node: Node) -> None:
+    archive = images.write_archive(node.root / "images.tar")
+    done = await trio.run_process(
+        node.ctr("images", "import", str(archive)),
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise NodeError(f"ctr images import failed: {done.stderr.decode().strip()}")
+
+
+async def _delete_containers(runc: Path) -> None:
+    """Every container of the CRI's, killed and deleted by runc (their
+    processes and cgroups), as a reboot would end them."""
+    if not RUNC_ROOT.is_dir():
+        return
+    listing = await trio.run_process(
+        [str(runc), "--root", str(RUNC_ROOT), "list", "-q"], capture_stdout=True, check=False
+    )
+    for container in listing.stdout.decode().split():
+        await trio.run_process(
+            [str(runc), "--root", str(RUNC_ROOT), "delete", "--force", container],
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def _kill_shims(shim: Path) -> None:
+    """The shims containerd started: each is a session of its own, and
+    outlives containerd. Found by their executable."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.readlink(entry / "exe") == str(shim):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _remove_pod_cgroups() -> None:
+    """The kubelet's QoS cgroups (cgroupfs driver), deepest first."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / "kubepods"
+        if not top.is_dir():
+            continue
+        for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """One real node per machine: its fixed directories are the machine's."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("w") as holder:
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise NodeError(
+                f"another real node runs on this machine (it holds {LOCK}); "
+                "stop it first: its kubelet and containerd use /var/lib/kubelet "
+                "and /run/containerd"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+
+
+def missing_parts() -> str | None:
+    """Why a node cannot start here, or None."""
+    if os.geteuid() != 0:
+        return "a real node needs root (containerd, runc and the kubelet run as root)"
+    if sys.platform != "linux":
+        return "a real node needs Linux"
+    for needed, package in (
+        (images.BUSYBOX_BINARY, "busybox-static"),
+        (CNI_PLUGINS / "loopback", "containernetworking-plugins"),
+    ):
+        if not needed.exists():
+            return f"{needed} is missing: install Debian's {package} (bash conformance/host-tools)"
+    return None
+
+
+async def run(
+    root: Path,
+    tools: dict[str, Path],
+    *,
+    hosts: tuple[str, ...] = (),
+    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Start a control plane and a node named NAME in `root`, report the
+    Node, and run them until cancelled; then stop everything and clean up."""
+    began = trio.current_time()
+    with machine_lock():
+        for path in (DEVICE_PLUGINS, CONTAINERD_RUN):
+            _remove(path)  # a crashed run's
+        for sub in ("logs", "cni", "cdi"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / "cni" / "10-loopback.conflist").write_text(
+            json.dumps(
+                {"cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}]}
+            )
+        )
+        async with trio.open_nursery() as nursery:
+            plane = await nursery.start(
+                partial(controlplane.run, root / "cp", tools, hosts=hosts, node=NAME)
+            )
+            node = Node(NAME, root, plane, tools, 0.0, 0.0)
+            node._nursery = nursery
+            node._token = trio.lowlevel.current_trio_token()
+            try:
+                parts_began = trio.current_time()
+                await node._start_parts()
+                now = trio.current_time()
+                node.start_seconds, node.node_seconds = now - began, now - parts_began
+                task_status.started(node)
+                await trio.sleep_forever()
+            finally:
+                await node._stop_parts()
+                made = (DEVICE_PLUGINS, CONTAINERD_RUN, root / "containerd", node.kubelet_root)
+                for path in made:
+                    _remove(path)
+                with contextlib.suppress(OSError):
+                    DEVICE_PLUGINS.parent.rmdir()  # /var/lib/kubelet, if nothing else is there
+                nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def in_thread(root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = ()) -> Iterator[Node]:
+    """run() on a Trio loop of its own, in a thread (a session's fixture);
+    yields the Node, and stops everything on the way out."""
+    started = threading.Event()
+    box: dict[str, object] = {}
+
+    async def host() -> None:
+        with trio.CancelScope() as scope:
+            box["scope"] = scope
+            box["token"] = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                box["node"] = await nursery.start(partial(run, root, tools, hosts=hosts))
+                started.set()
+
+    def main() -> None:
+        try:
+            trio.run(host)
+        except BaseException as err:  # handed to the caller's thread
+            box["error"] = err
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=main, name="real-node", daemon=True)
+    thread.start()
+    started.wait()
+    if "error" in box:
+        thread.join()
+        raise box["error"]  # type: ignore[misc]
+    try:
+        yield box["node"]  # type: ignore[misc]
+    finally:
+        scope: trio.CancelScope = box["scope"]  # type: ignore[assignment]
+        trio.from_thread.run_sync(scope.cancel, trio_token=box["token"])  # type: ignore[arg-type]
+        thread.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+
+
+async def _main(root: Path) -> None:
+    needed = (*kit.CONTROL_PLANE, "kubectl", *kit.NODE)
+    found = kit.find_all(needed)
+    missing = [name for name in needed if name not in found]
+    if missing:
+        sys.exit(kit.missing_message(missing))
+    if why := missing_parts():
+        sys.exit(why)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(partial(run, root, found))
+            print(
+                f"node {node.name} Ready in {node.start_seconds:.1f} s "
+                f"({node.node_seconds:.1f} s after the control plane)"
+            )
+            print(f"export KUBECONFIG={node.plane.kubeconfig}")
+            print(f"logs: {root / 'logs'} and {root / 'cp' / 'logs'}; Ctrl-C stops it")
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m powerdev.devtools.cluster.node DIR  (an empty or new directory)")
+    trio.run(_main, Path(sys.argv[1]).resolve())
