@@ -79,13 +79,26 @@ def _node(resource: ResourceConfig, device: Device) -> dict[str, object]:
         "minor": device.minor,
         "permissions": resource.permissions,
     }
-    if resource.device_uid is not None:
-        node["uid"] = resource.device_uid
-    if resource.device_gid is not None:
-        node["gid"] = resource.device_gid
+    if owned(resource):
+        # Both, always: the runtime's CDI library gives a node without a uid
+        # (or gid) the container process's, so with only a group set every
+        # pod granted the device would own it. Unset means root's.
+        node["uid"] = resource.device_uid or 0
+        node["gid"] = resource.device_gid or 0
     if resource.device_mode is not None:
         node["fileMode"] = resource.device_mode
     return node
+
+
+def owned(resource: ResourceConfig) -> bool:
+    """Whether the resource says who may open its nodes in the container
+    (device-uid, device-gid or device-mode). Without any of the three the
+    spec names no owner, and the runtime makes the container's user and
+    group the owners of each node (CDI's own rule)."""
+    return any(
+        value is not None
+        for value in (resource.device_uid, resource.device_gid, resource.device_mode)
+    )
 
 
 class SpecWriteError(Exception):

@@ -60,12 +60,31 @@ def test_the_spec_names_each_healthy_device_with_its_node():
         "major": 253,
         "minor": 0,
         "permissions": "r",
+        "uid": 0,  # root's: without it the runtime would make each pod the owner
         "gid": 6,
         "fileMode": 0o640,
     }
     assert cdi.qualified_names(resource, DEVICES) == tuple(
         f"power-dev-plugin/dev={n}" for n in names
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "owner"),
+    [
+        ("", None),  # no owner named: the runtime's rule, the container's user owns it
+        (', "device-gid": 6', (0, 6)),
+        (', "device-mode": "0600"', (0, 0)),
+        (', "device-uid": 1000', (1000, 0)),
+        (', "device-uid": 7, "device-gid": 8', (7, 8)),
+    ],
+)
+def test_a_spec_that_sets_any_of_owner_group_or_mode_names_both_owner_and_group(fields, owner):
+    """The runtime's CDI library fills a missing uid or gid with the
+    container process's: a spec that says who may open a node says both."""
+    node = cdi.device_node(only('{"cdi": true' + fields + "}"), DEVICES[0])
+    assert (None if "uid" not in node else (node["uid"], node["gid"])) == owner
+    assert ("gid" in node) == ("uid" in node)
 
 
 def test_specs_are_written_atomically_and_readable(tmp_path):

@@ -1,0 +1,236 @@
+"""The real node's fixtures (powerdev/devtools/cluster/node.py): one node
+for the whole session, with a control plane of its own, and what each test
+needs to run `powerdev run` on it and pods that use its devices.
+
+Without root, the kit or the host packages the tests skip with one line that
+names what is missing; with CI=true they fail instead."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.devtools import kit, testing
+from powerdev.devtools.cluster import images, node
+from powerdev.devtools.cluster.client import Api
+from powerdev.devtools.cluster.node import Node
+from powerdev.devtools.testing import stop
+from tests import conftest
+from tests.controlplane_fixtures import LOOPBACK_NAMES, require_tools
+
+NEEDED = (*kit.CONTROL_PLANE, "kubectl", *kit.NODE)
+LIMIT = 90  # seconds: the bound of each step of a test on the node
+UID, GID = 1000, 1000  # every test pod's user and group
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[Node]:
+    tools = require_tools(NEEDED)
+    why = node.missing_parts()
+    if why:
+        conftest.require(None, why)
+    root = Path(tempfile.mkdtemp(prefix="pd-node-", dir="/tmp"))
+    try:
+        with node.in_thread(root, tools, hosts=LOOPBACK_NAMES) as running:
+            yield running
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def node_api(real_node: Node) -> AsyncIterator[Api]:
+    async with real_node.plane.api() as client:
+        yield client
+    failures = real_node.plane.failures()
+    assert not failures, "the control plane lost a process: " + "; ".join(failures)
+
+
+def pod_security(groups: tuple[int, ...] = ()) -> dict:
+    """What every test pod runs with: the restricted Pod Security level."""
+    return {
+        "runAsUser": UID,
+        "runAsGroup": GID,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **({"supplementalGroups": list(groups)} if groups else {}),
+    }
+
+
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def write_and_read(device: str, mark: str) -> str:
+    """A script that writes `mark` at the start of `device` (a path, or a
+    pattern that names the one device the pod has), synced, and reads it
+    back; it prints what it read, and fails if it cannot open it."""
+    return (
+        f"DEV=$(echo {device}); "
+        f"printf '%s' '{mark}' | dd of=$DEV conv=fsync 2>/tmp/dd.err "
+        "|| { cat /tmp/dd.err; exit 3; }; "
+        f"echo read: $(dd if=$DEV bs={len(mark)} count=1 2>/dev/null)"
+    )
+
+
+def busybox_pod(
+    name: str,
+    script: str,
+    *,
+    resources: dict | None = None,
+    claims: list[dict] | None = None,
+    groups: tuple[int, ...] = (),
+) -> dict:
+    """A pod of one busybox container that runs `script` once, as UID
+    1000 with every capability dropped, on the host's network."""
+    container: dict[str, object] = {
+        "name": "c0",
+        "image": images.BUSYBOX,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+        "securityContext": CONTAINER_SECURITY,
+        # /tmp for dd's messages: the root is read-only
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if resources:
+        container["resources"] = resources
+    spec: dict[str, object] = {
+        "hostNetwork": True,
+        "restartPolicy": "Never",
+        "securityContext": pod_security(groups),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory"}}],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if claims:
+        spec["resourceClaims"] = claims
+        container.setdefault("resources", {})["claims"] = [{"name": c["name"]} for c in claims]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+@dataclass
+class Namespace:
+    """A test's namespace on the node, and what it asks of its pods."""
+
+    api: Api
+    name: str
+
+    @property
+    def pods(self) -> str:
+        return f"/api/v1/namespaces/{self.name}/pods"
+
+    async def run_pod(self, body: dict) -> tuple[str, str]:
+        """The pod created, once it has ended: its phase and its log."""
+        await self.api.create(self.pods, body)
+        return await self.ended(body["metadata"]["name"])
+
+    async def ended(self, name: str) -> tuple[str, str]:
+        done = await self.api.wait_for(
+            self.pods, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed")
+        )
+        return done["status"]["phase"], await self.log(name)
+
+    async def log(self, name: str) -> str:
+        """The container's log, as `kubectl logs` gets it (the API server
+        asks the kubelet)."""
+        answer = await self.api.http.get(f"{self.pods}/{name}/log")
+        answer.raise_for_status()
+        return answer.text
+
+    async def delete_pod(self, name: str) -> None:
+        await self.api.delete(f"{self.pods}/{name}")
+        await self.api.wait_gone(self.pods, name)
+
+
+@pytest.fixture
+async def namespace(node_api: Api) -> AsyncIterator[Namespace]:
+    name = f"node-{secrets.token_hex(3)}"
+    await node_api.create_namespace(name)
+    yield Namespace(node_api, name)
+    with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
+        await node_api.delete(f"/api/v1/namespaces/{name}")
+
+
+def powerdev_command(real_node: Node, config: Path, *options: str) -> list[str]:
+    """`powerdev run` as the node's device plugin (and DRA driver): the
+    kubelet's fixed device-plugins directory, its PodResources socket, the
+    runtime's CDI spec directory, the node's name and the admin's kubeconfig."""
+    return [
+        sys.executable, "-m", "powerdev", "run",
+        "--config", str(config),
+        "--plugin-dir", str(node.DEVICE_PLUGINS),
+        "--pod-resources-socket", str(real_node.pod_resources_socket),
+        "--cdi-spec-dir", str(real_node.cdi_dir),
+        "--node-name", real_node.name,
+        "--kubeconfig", str(real_node.plane.kubeconfig),
+        "--dra-plugins-dir", str(real_node.plugins),
+        "--dra-registry-dir", str(real_node.plugins_registry),
+        *options,
+    ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def powerdev(
+    real_node: Node, tmp: Path, resources: list[dict], *options: str
+) -> AsyncIterator[trio.Process]:
+    """`powerdev run` with `resources` as its config, its log in tmp; SIGTERM
+    on the way out."""
+    config = tmp / "config.json"
+    config.write_text(json.dumps({"resources": resources}))
+    with (tmp / "powerdev.log").open("ab") as log:
+        proc = await trio.lowlevel.open_process(
+            powerdev_command(real_node, config, *options),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        yield proc
+    finally:
+        await stop(proc)
+
+
+@contextlib.contextmanager
+def loop_devices(tmp: Path, count: int, first: int = 0) -> Iterator[list[tuple[str, Path]]]:
+    """`count` real loop devices (/dev/loop3NN), each bound to a 1 MiB file
+    of zeros in tmp: [(node, backing file)]; unbound and removed on the way out."""
+    with testing.loop_control() as control, contextlib.ExitStack() as stack:
+        made = []
+        for k in range(count):
+            index = testing.FIRST_LOOP + first + k
+            device = f"/dev/{control.add(index)}"
+            backing = tmp / f"loop{index}.img"
+            backing.write_bytes(bytes(1 << 20))
+            stack.enter_context(testing.bound(device, backing))
+            made.append((device, backing))
+        yield made
+
+
+def written(backing: Path, mark: str) -> str:
+    """What the host reads at the start of a loop device's file."""
+    return backing.read_bytes()[: len(mark)].decode("ascii", "replace")
+
+
+async def allocatable(api: Api, real_node: Node, resource: str, count: int) -> None:
+    """Until the Node says `count` of `resource` are allocatable."""
+    await api.wait_for(
+        "/api/v1/nodes",
+        real_node.name,
+        lambda n: n["status"].get("allocatable", {}).get(resource) == str(count),
+    )
