@@ -28,6 +28,7 @@ from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.node import Node
 from powerdev.devtools.testing import stop
 from tests import conftest
+from tests.conftest import wait_for_file
 from tests.controlplane_fixtures import LOOPBACK_NAMES, require_tools
 
 NEEDED = (*kit.CONTROL_PLANE, "kubectl", *kit.NODE)
@@ -88,6 +89,17 @@ def write_and_read(device: str, mark: str) -> str:
     )
 
 
+def keep_writing(pattern: str) -> str:
+    """A script that writes a count, 8 digits, at the start of every device
+    `pattern` names, five times a second, and logs `wrote N` after each
+    round; it fails as soon as a device cannot be written."""
+    return (
+        "i=0; while true; do i=$((i+1)); "
+        f"for DEV in {pattern}; do printf '%08d' $i | dd of=$DEV conv=fsync 2>/tmp/dd.err "
+        "|| { cat /tmp/dd.err; exit 3; }; done; echo wrote $i; sleep 0.2; done"
+    )
+
+
 def busybox_pod(
     name: str,
     script: str,
@@ -129,6 +141,7 @@ class Namespace:
 
     api: Api
     name: str
+    node: Node
 
     @property
     def pods(self) -> str:
@@ -152,16 +165,43 @@ class Namespace:
         answer.raise_for_status()
         return answer.text
 
+    async def running(self, name: str) -> dict:
+        return await self.api.wait_for(
+            self.pods, name, lambda p: p["status"].get("phase") == "Running"
+        )
+
+    async def count_passes(self, name: str, count: int) -> int:
+        """Until the pod's container log has a line `wrote N` with N above
+        count; returns that N. Read from the file the runtime writes in the
+        kubelet's podLogsDir (woken by inotify), so that it goes on while
+        the kubelet itself restarts."""
+        pod = await self.api.get(f"{self.pods}/{name}")
+        uid = pod["metadata"]["uid"]
+        log = self.node.root / "pod-logs" / f"{self.name}_{name}_{uid}" / "c0" / "0.log"
+        found: list[int] = []
+
+        def passes(text: str) -> bool:
+            for line in text.splitlines():
+                words = line.split()[3:]  # after the time, the stream and the tag
+                if words[:1] == ["wrote"] and int(words[1]) > count:
+                    found.append(int(words[1]))
+                    return True
+            return False
+
+        log.parent.mkdir(parents=True, exist_ok=True)  # watched before the runtime makes it
+        await wait_for_file(log, passes)
+        return found[0]
+
     async def delete_pod(self, name: str) -> None:
         await self.api.delete(f"{self.pods}/{name}")
         await self.api.wait_gone(self.pods, name)
 
 
 @pytest.fixture
-async def namespace(node_api: Api) -> AsyncIterator[Namespace]:
+async def namespace(node_api: Api, real_node: Node) -> AsyncIterator[Namespace]:
     name = f"node-{secrets.token_hex(3)}"
     await node_api.create_namespace(name)
-    yield Namespace(node_api, name)
+    yield Namespace(node_api, name, real_node)
     with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
         await node_api.delete(f"/api/v1/namespaces/{name}")
 

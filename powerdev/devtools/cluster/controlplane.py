@@ -122,6 +122,14 @@ class Output:
                 raise self.ended_error()
             await self._new.wait()
 
+    async def wait_for_line_after(self, count: int) -> str:
+        """The first line after the first `count`; raises if the output ends first."""
+        while len(self.lines) <= count:
+            if self.ended:
+                raise self.ended_error()
+            await self._new.wait()
+        return self.lines[count]
+
     async def wait_ended(self) -> None:
         """Until the process's output has ended (every line is in the log)."""
         while not self.ended:

@@ -166,6 +166,7 @@ class Node:
                 self._nursery, self.root, "kubelet", _kubelet_command(self), _environment(self)
             )
             async with self.plane.api() as api:
+                await controlplane._until(kubelet, partial(_serving, kubelet))
                 await controlplane._until(
                     kubelet, partial(api.wait_for, "/api/v1/nodes", self.name, _ready)
                 )
@@ -179,6 +180,22 @@ class Node:
                 await _stop_part(self.parts.pop("containerd"))
             _kill_shims(self.tools["containerd-shim-runc-v2"])
             _remove_pod_cgroups()
+
+
+async def _serving(kubelet: Component) -> None:
+    """Until the kubelet's API port takes connections (the API server's way
+    to the pods' logs): it logs that it starts to listen, then listens. A
+    refused try waits for its next log line, never for a timer."""
+    await kubelet.output.wait_for(lambda line: "Starting to listen" in line)
+    while True:
+        seen = len(kubelet.output.lines)
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", KUBELET_PORT)
+        except OSError:
+            await kubelet.output.wait_for_line_after(seen)
+            continue
+        await stream.aclose()
+        return
 
 
 def _ready(node: dict) -> bool:

@@ -1,0 +1,109 @@
+"""What happens to running pods and their devices on the real node when
+the node's parts stop: the kubelet restarted under them; powerdev
+SIGKILLed and started again, with a claim prepared; the pod deleted, and
+its claim unprepared. One pod holds two loop devices, one through the device
+plugin API (DeviceSpecs) and one through a DRA claim, and writes both five
+times a second; after each disruption it is still writing."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import pytest
+import trio
+
+from powerdev.devtools.testing import is_root
+from tests.conftest import wait_for_file, wait_gone
+from tests.node.conftest import (
+    LIMIT,
+    RESOURCE_API,
+    allocatable,
+    busybox_pod,
+    keep_writing,
+    loop_devices,
+    powerdev,
+    write_and_read,
+    written,
+)
+from tests.node.test_real_pods import GROUP, device_class, request
+
+pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
+
+DRIVER = "dra.powerdev.io"
+PLUGIN = "powerdev.test/restarts"
+DRA = "powerdev.test/restarts-dra"
+
+
+def resources() -> list[dict]:
+    """The first loop device (loop300) for the device plugin, the second
+    (loop301) for DRA."""
+    return [
+        {"name": PLUGIN, "socket": "restarts.sock", "include-devices": ["/dev/loop300"]},
+        {
+            "name": DRA,
+            "api": "dra",
+            "include-devices": ["/dev/loop301"],
+            "device-gid": GROUP,
+            "device-mode": "0660",
+        },
+    ]
+
+
+async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_goes_with_it(
+    real_node, node_api, namespace, tmp_path
+):
+    classes = f"{RESOURCE_API}/deviceclasses"
+    claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
+    class_name = f"{namespace.name}-dev"
+    await node_api.create(classes, device_class(class_name, DRIVER, DRA))
+    try:
+        with trio.fail_after(4 * LIMIT), loop_devices(tmp_path, 2) as loops:
+            async with powerdev(real_node, tmp_path, resources()) as first:
+                await allocatable(node_api, real_node, PLUGIN, 1)
+                claim = await node_api.create(
+                    claims, {"metadata": {"name": "held"}, "spec": request(class_name)}
+                )
+                spec = real_node.cdi_dir / f"{DRIVER}-{claim['metadata']['uid']}.json"
+                pod = busybox_pod(
+                    "runner",
+                    keep_writing("/dev/loop30[01]"),
+                    resources={"limits": {PLUGIN: "1"}},
+                    claims=[{"name": "dev", "resourceClaimName": "held"}],
+                    groups=(GROUP,),
+                )
+                await node_api.create(namespace.pods, pod)
+                await namespace.running("runner")
+                seen = await namespace.count_passes("runner", 0)
+                assert "/dev/loop301" in await wait_for_file(spec, lambda t: "loop301" in t)
+
+                await real_node.call(real_node.restart_kubelet)
+                seen = await namespace.count_passes("runner", seen)
+                await allocatable(node_api, real_node, PLUGIN, 1)  # registered again
+
+                first.kill()  # SIGKILL: no cleanup at all
+                await first.wait()
+            async with powerdev(real_node, tmp_path, resources()):
+                seen = await namespace.count_passes("runner", seen)
+                status = json.loads(spec.read_text())  # still there, still the same device
+                assert "/dev/loop301" in json.dumps(status)
+
+                await namespace.delete_pod("runner")
+                await wait_gone(spec)  # unprepared: nothing holds the claim
+                for _, backing in loops:
+                    assert int(backing.read_bytes()[:8]) >= seen
+
+                # Both devices are free again: a new pod gets them.
+                text = f"again-{secrets.token_hex(3)}"
+                phase, log = await namespace.run_pod(
+                    busybox_pod(
+                        "again",
+                        write_and_read("/dev/loop300", text),
+                        resources={"limits": {PLUGIN: "1"}},
+                    )
+                )
+                assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
+                assert written(loops[0][1], text) == text
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
+            await node_api.delete(f"{classes}/{class_name}")
