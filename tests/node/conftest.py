@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -170,14 +171,20 @@ class Namespace:
             self.pods, name, lambda p: p["status"].get("phase") == "Running"
         )
 
-    async def count_passes(self, name: str, count: int) -> int:
-        """Until the pod's container log has a line `wrote N` with N above
-        count; returns that N. Read from the file the runtime writes in the
-        kubelet's podLogsDir (woken by inotify), so that it goes on while
-        the kubelet itself restarts."""
+    async def wait_log(self, name: str, predicate, attempt: int = 0) -> str:
+        """The pod's container log once predicate(text) holds: the file the
+        runtime writes in the kubelet's podLogsDir for that attempt of the
+        container (its restart count), woken by inotify, so that it goes on
+        while the kubelet itself restarts."""
         pod = await self.api.get(f"{self.pods}/{name}")
         uid = pod["metadata"]["uid"]
-        log = self.node.root / "pod-logs" / f"{self.name}_{name}_{uid}" / "c0" / "0.log"
+        log = self.node.root / "pod-logs" / f"{self.name}_{name}_{uid}" / "c0" / f"{attempt}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)  # watched before the runtime makes it
+        return await wait_for_file(log, predicate)
+
+    async def count_passes(self, name: str, count: int) -> int:
+        """Until the pod's log has a line `wrote N` with N above count
+        (keep_writing()); returns that N."""
         found: list[int] = []
 
         def passes(text: str) -> bool:
@@ -188,8 +195,7 @@ class Namespace:
                     return True
             return False
 
-        log.parent.mkdir(parents=True, exist_ok=True)  # watched before the runtime makes it
-        await wait_for_file(log, passes)
+        await self.wait_log(name, passes)
         return found[0]
 
     async def delete_pod(self, name: str) -> None:
@@ -226,24 +232,38 @@ def powerdev_command(real_node: Node, config: Path, *options: str) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def powerdev(
-    real_node: Node, tmp: Path, resources: list[dict], *options: str
+    real_node: Node, tmp: Path, resources: list[dict], *options: str, registered: bool = True
 ) -> AsyncIterator[trio.Process]:
     """`powerdev run` with `resources` as its config, its log in tmp; SIGTERM
-    on the way out."""
+    on the way out. With `registered`, once the kubelet has registered every
+    resource (its status file says so): the kubelet tries a pod whose DRA
+    driver it does not know yet again only at its next resync."""
     config = tmp / "config.json"
     config.write_text(json.dumps({"resources": resources}))
+    status = tmp / "status.json"
+    status.unlink(missing_ok=True)
     with (tmp / "powerdev.log").open("ab") as log:
         proc = await trio.lowlevel.open_process(
-            powerdev_command(real_node, config, *options),
+            powerdev_command(real_node, config, "--status-file", str(status), *options),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     try:
+        if registered:
+            await wait_for_file(status, partial(_all_registered, len(resources)))
         yield proc
     finally:
         await stop(proc)
+
+
+def _all_registered(count: int, text: str) -> bool:
+    try:
+        states = json.loads(text)["resources"]
+    except ValueError:
+        return False
+    return len(states) == count and all(s.get("state") == "registered" for s in states.values())
 
 
 @contextlib.contextmanager

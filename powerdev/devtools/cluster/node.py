@@ -129,15 +129,18 @@ class Node:
         await _stop_part(self.parts.pop("kubelet"))
         await self._start_kubelet()
 
-    async def reboot(self) -> None:
-        """What a reboot does to the node: every container and process
-        gone, /run wiped (containerd's state and shim sockets, the CDI specs
-        there), the disks kept (containerd's images, the kubelet's root with
-        its checkpoints); then containerd and the kubelet start again."""
+    async def shut_down(self) -> None:
+        """The first half of a reboot: every container and process of the
+        node gone, and /run wiped (containerd's state and shim sockets, the
+        CDI specs there); the disks kept (containerd's images, the kubelet's
+        root with its checkpoints). boot() is the second half."""
         await self._stop_parts()
         for path in (self.root / "containerd" / "state", CONTAINERD_RUN, self.cdi_dir, HOST_CDI):
             _remove(path)
         self.cdi_dir.mkdir()
+
+    async def boot(self) -> None:
+        """containerd and the kubelet started again, until the Node is Ready."""
         await self._start_parts()
 
     async def call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -292,6 +295,9 @@ def _kubelet_config(node: Node) -> dict[str, object]:
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
+        # A pod whose DRA driver the kubelet does not know yet (a node that
+        # boots) is tried again only at the next resync, 1 min by default.
+        "syncFrequency": "10s",
     }
 
 
