@@ -13,6 +13,7 @@ powerdev writes. Where the spec names a group, only that group opens it."""
 from __future__ import annotations
 
 import secrets
+from functools import partial
 
 import pytest
 import trio
@@ -178,3 +179,60 @@ async def test_dra_a_template_and_a_claim_by_attribute_and_the_group_only(
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
             await node_api.delete(f"{classes}/{class_name}")
+
+
+async def test_without_the_runtimes_ownership_option_a_device_spec_stays_roots(
+    real_node, node_api, namespace, tmp_path
+):
+    """DeviceSpecs carry no owner: the runtime gives the node the host's
+    (root's, 0600 here) unless device_ownership_from_security_context is on,
+    so a non-root pod cannot open it."""
+    resource = "powerdev.test/specs-root"
+    entry = {"name": resource, "socket": "specs-root.sock", "include-devices": [LOOP_PATTERN]}
+    await real_node.call(partial(real_node.restart_runtime, ownership=False))
+    try:
+        with trio.fail_after(LIMIT), loop_devices(tmp_path, 1) as [(device, backing)]:
+            async with powerdev(real_node, tmp_path, [entry]):
+                await allocatable(node_api, real_node, resource, 1)
+                text = mark()
+                probe = f"stat -c 'owner=%u mode=%a' {device}; "
+                phase, log = await namespace.run_pod(
+                    busybox_pod("specs-root", probe + write_and_read(device, text),
+                                resources={"limits": {resource: "1"}})
+                )  # fmt: skip
+        assert phase == "Failed", log
+        assert "owner=0 mode=600" in log and "Permission denied" in log, log
+        assert written(backing, text) != text
+    finally:
+        await real_node.call(partial(real_node.restart_runtime, ownership=True))
+
+
+async def test_cdi_with_no_owner_group_or_mode_the_pod_owns_its_node(
+    real_node, node_api, namespace, tmp_path
+):
+    """ "cdi" alone: the spec names no owner, and the runtime's CDI library
+    makes the container's user and group the node's owners (CDI's rule),
+    whatever the runtime's ownership option says."""
+    resource = "powerdev.test/cdi-own"
+    entry = {
+        "name": resource,
+        "socket": "cdi-own.sock",
+        "include-devices": [LOOP_PATTERN],
+        "cdi": True,
+    }
+    await real_node.call(partial(real_node.restart_runtime, ownership=False))
+    try:
+        with trio.fail_after(LIMIT), loop_devices(tmp_path, 1) as [(device, backing)]:
+            async with powerdev(real_node, tmp_path, [entry]):
+                await allocatable(node_api, real_node, resource, 1)
+                text = mark()
+                probe = f"stat -c 'owner=%u group=%g mode=%a' {device}; "
+                phase, log = await namespace.run_pod(
+                    busybox_pod("cdi-own", probe + write_and_read(device, text),
+                                resources={"limits": {resource: "1"}})
+                )  # fmt: skip
+        assert phase == "Succeeded", log
+        assert "owner=1000 group=1000 mode=600" in log and f"read: {text}" in log, log
+        assert written(backing, text) == text
+    finally:
+        await real_node.call(partial(real_node.restart_runtime, ownership=True))

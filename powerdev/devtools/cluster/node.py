@@ -82,6 +82,7 @@ class Node:
     start_seconds: float  # from nothing to the Node Ready, the control plane included
     node_seconds: float  # from containerd's start to the Node Ready
     parts: dict[str, Component] = field(default_factory=dict)
+    ownership: bool = OWNERSHIP  # containerd's device_ownership_from_security_context
     _nursery: trio.Nursery | None = field(default=None, repr=False)
     _token: trio.lowlevel.TrioToken | None = field(default=None, repr=False)
 
@@ -129,6 +130,14 @@ class Node:
         await _stop_part(self.parts.pop("kubelet"))
         await self._start_kubelet()
 
+    async def restart_runtime(self, *, ownership: bool) -> None:
+        """containerd stopped and started again with
+        device_ownership_from_security_context set to `ownership`, under the
+        running kubelet and pods (in the kubelet's mount namespace)."""
+        self.ownership = ownership
+        await _stop_part(self.parts.pop("containerd"))
+        await self._start_containerd(join=self.parts["kubelet"].proc.pid)
+
     async def shut_down(self) -> None:
         """The first half of a reboot: every container and process of the
         node gone, and /run wiped (containerd's state and shim sockets, the
@@ -154,13 +163,20 @@ class Node:
     async def _start_parts(self) -> None:
         assert self._nursery is not None
         with trio.fail_after(START_LIMIT):
-            argv, env = _containerd_command(self), _environment(self)
+            await self._start_containerd()
+            await _import_images(self)
+            await self._start_kubelet()
+
+    async def _start_containerd(self, join: int | None = None) -> None:
+        """containerd, in a mount namespace of its own, or in the one of the
+        process `join` (the running kubelet), until it has booted."""
+        assert self._nursery is not None
+        with trio.fail_after(START_LIMIT):
+            argv, env = _containerd_command(self, join), _environment(self)
             self.parts["containerd"] = part = await controlplane._start(
                 self._nursery, self.root, "containerd", argv, env
             )
             await part.output.wait_for(lambda line: "containerd successfully booted" in line)
-            await _import_images(self)
-            await self._start_kubelet()
 
     async def _start_kubelet(self) -> None:
         assert self._nursery is not None
@@ -238,7 +254,7 @@ def _containerd_config(node: Node) -> str:
         f"address = {json.dumps(str(node.containerd_socket) + '.ttrpc')}",
         f"[{runtime}]",
         "restrict_oom_score_adj = true",
-        f"device_ownership_from_security_context = {json.dumps(OWNERSHIP)}",
+        f"device_ownership_from_security_context = {json.dumps(node.ownership)}",
         f"cdi_spec_dirs = {json.dumps([str(HOST_CDI), str(node.cdi_dir)])}",
         f"[{runtime}.containerd]",
         "default_runtime_name = 'runc'",
@@ -255,14 +271,14 @@ def _containerd_config(node: Node) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _containerd_command(node: Node) -> list[str]:
+def _containerd_command(node: Node, join: int | None = None) -> list[str]:
     config = node.root / "containerd.toml"
     config.write_text(_containerd_config(node))
+    containerd = [str(node.tools["containerd"]), "--config", str(config)]
+    if join is not None:
+        return ["nsenter", f"--mount=/proc/{join}/ns/mnt", "--", *containerd]
     # A mount namespace of its own, which the kubelet joins (nsenter).
-    return [
-        "unshare", "--mount", "--propagation", "slave", "--",
-        str(node.tools["containerd"]), "--config", str(config),
-    ]  # fmt: skip
+    return ["unshare", "--mount", "--propagation", "slave", "--", *containerd]
 
 
 def _kubelet_config(node: Node) -> dict[str, object]:
