@@ -18,17 +18,9 @@ from functools import partial
 import pytest
 import trio
 
+from powerdev.devtools.cluster.nodepods import busybox_pod, write_and_read
 from powerdev.devtools.testing import LOOP_PATTERN, is_root
-from tests.node.conftest import (
-    LIMIT,
-    RESOURCE_API,
-    allocatable,
-    busybox_pod,
-    loop_devices,
-    powerdev,
-    write_and_read,
-    written,
-)
+from tests.node.conftest import LIMIT, RESOURCE_API, allocatable, loop_devices, powerdev, written
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 

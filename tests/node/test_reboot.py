@@ -15,8 +15,9 @@ import pytest
 import trio
 
 from powerdev.devtools import testing
+from powerdev.devtools.cluster.nodepods import busybox_pod
 from powerdev.devtools.testing import is_root
-from tests.node.conftest import LIMIT, RESOURCE_API, busybox_pod, powerdev
+from tests.node.conftest import LIMIT, RESOURCE_API, powerdev
 from tests.node.test_real_pods import GROUP, device_class, request
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")

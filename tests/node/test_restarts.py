@@ -13,19 +13,10 @@ import secrets
 import pytest
 import trio
 
+from powerdev.devtools.cluster.nodepods import busybox_pod, keep_writing, write_and_read
 from powerdev.devtools.testing import is_root
 from tests.conftest import wait_for_file, wait_gone
-from tests.node.conftest import (
-    LIMIT,
-    RESOURCE_API,
-    allocatable,
-    busybox_pod,
-    keep_writing,
-    loop_devices,
-    powerdev,
-    write_and_read,
-    written,
-)
+from tests.node.conftest import LIMIT, RESOURCE_API, allocatable, loop_devices, powerdev, written
 from tests.node.test_real_pods import GROUP, device_class, request
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
