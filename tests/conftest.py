@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from inotify_simple import flags as iflags
 
 from powerdev.config import Config, ResourceConfig, parse_config
 from powerdev.daemon import supervisor
@@ -23,7 +22,6 @@ from powerdev.devtools.kit import KitBinary
 from powerdev.devtools.testing import make_nodes
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc import asyncio_door
-from powerdev.support.inotify import Watcher
 
 IS_ROOT = os.geteuid() == 0
 
@@ -168,30 +166,6 @@ async def daemon_and_kubelet(
         nursery.cancel_scope.cancel()
 
 
-async def wait_for_file(path: Path, predicate) -> str:
-    """The file's text, once predicate(text) holds; woken by inotify, never by a timer."""
-    with Watcher() as watcher:
-        watcher.add(
-            path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE | iflags.MODIFY
-        )
-        while True:
-            try:
-                text = path.read_text()  # noqa: ASYNC240 (a tiny local file)
-            except FileNotFoundError:
-                text = None
-            if text is not None and predicate(text):
-                return text
-            await watcher.events()
-
-
-async def wait_gone(path: Path) -> None:
-    """Until path does not exist; woken by inotify, never by a timer."""
-    with Watcher() as watcher:
-        watcher.add(path.parent, iflags.DELETE | iflags.MOVED_FROM)
-        while path.exists():  # noqa: ASYNC240 (one stat)
-            await watcher.events()
-
-
 class ChannelEvents:
     """A fake device-event source fed by a channel; what is queued is one batch."""
 
@@ -288,4 +262,4 @@ from tests.controlplane_fixtures import (  # noqa: E402
     pytest_collection_modifyitems,
 )
 
-__all__ = ["api", "control_plane", "pytest_collection_modifyitems"]
+__all__ = ["api", "control_plane", "pytest_collection_modifyitems", "wait_for_file", "wait_gone"]

@@ -216,6 +216,15 @@ def bench(args: argparse.Namespace) -> int:
         if args.quick
         else benchmark.Plan(sizes=tuple(int(n) for n in args.sizes.split(",")))
     )
+    if args.node:
+        from powerdev.devtools import node_bench
+
+        problem = node_bench.problem()
+        if problem:
+            print(f"powerdev bench --node: {problem}", file=sys.stderr)
+            return 1
+        trio.run(partial(node_bench.run_bench, args.json))
+        return 0
     if args.dra:
         from powerdev.devtools import dra_bench
 

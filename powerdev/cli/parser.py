@@ -164,6 +164,12 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         help="measure DRA instead: ResourceSlice publication and NodePrepareResources against "
         "the conformance kit's etcd and kube-apiserver, which it starts (bash conformance/build)",
     )
+    bench.add_argument(
+        "--node",
+        action="store_true",
+        help="measure the kit's real node instead (root): its start to Node Ready, and a pod's "
+        "start with a device, through DeviceSpecs, CDI and DRA, against one without",
+    )
     _choice(
         bench,
         "--log-level",

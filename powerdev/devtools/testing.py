@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import trio
+from inotify_simple import flags as iflags
+
+from powerdev.support.inotify import Watcher
 
 LOOP_SET_FD = 0x4C00
 LOOP_CLR_FD = 0x4C01
@@ -159,3 +162,27 @@ async def stop(proc: trio.Process, limit: float = 10.0) -> bool:
         proc.kill()
         await proc.wait()
         return True
+
+
+async def wait_for_file(path: Path, predicate) -> str:
+    """The file's text, once predicate(text) holds; woken by inotify, never by a timer."""
+    with Watcher() as watcher:
+        watcher.add(
+            path.parent, iflags.CREATE | iflags.MOVED_TO | iflags.CLOSE_WRITE | iflags.MODIFY
+        )
+        while True:
+            try:
+                text = path.read_text()  # noqa: ASYNC240 (a tiny local file)
+            except FileNotFoundError:
+                text = None
+            if text is not None and predicate(text):
+                return text
+            await watcher.events()
+
+
+async def wait_gone(path: Path) -> None:
+    """Until path does not exist; woken by inotify, never by a timer."""
+    with Watcher() as watcher:
+        watcher.add(path.parent, iflags.DELETE | iflags.MOVED_FROM)
+        while path.exists():  # noqa: ASYNC240 (one stat)
+            await watcher.events()
