@@ -19,7 +19,7 @@ from powerdev.daemon import supervisor
 from powerdev.daemon.settings import Settings
 from powerdev.devtools.fake_kubelet import FakeKubelet
 from powerdev.devtools.kit import KitBinary
-from powerdev.devtools.testing import make_nodes
+from powerdev.devtools.testing import make_nodes, wait_for_file, wait_gone
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc import asyncio_door
 
