@@ -16,8 +16,10 @@ What this machine kind needs, found by trying (each is set below):
 - no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj, so containerd's
   restrict_oom_score_adj;
 - the kubelet's device-plugins directory is /var/lib/kubelet/device-plugins
-  whatever --root-dir says, and containerd's shims keep their sockets under
-  /run/containerd: one node per machine at a time (LOCK);
+  whatever --root-dir says, so its root is /var/lib/kubelet (as a
+  DaemonSet's hostPath mounts expect), and containerd's shims keep their
+  sockets under /run/containerd: one node per machine at a time (LOCK), on
+  a machine that is no Kubernetes node (a /var/lib/kubelet of its own);
 - one CNI plugin, loopback: the runtime's network is ready, and pods use
   hostNetwork;
 - no udev: /dev/loopN is root's, mode 0600, so a non-root pod opens a
@@ -54,7 +56,11 @@ from powerdev.devtools.testing import stop
 
 NAME = "powerdev-node"  # resolves to 127.0.0.1 for the API server (controlplane.py)
 LOCK = Path("/run/powerdev-kit-node.lock")
-DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # the kubelet's, fixed
+# The kubelet's root is the usual one: its device-plugins directory is
+# there whatever --root-dir says, and a DaemonSet's hostPath mounts name it.
+KUBELET_ROOT = Path("/var/lib/kubelet")
+DEVICE_PLUGINS = KUBELET_ROOT / "device-plugins"
+OURS = KUBELET_ROOT / ".powerdev-kit-node"  # marks a KUBELET_ROOT this module made
 CONTAINERD_RUN = Path("/run/containerd")  # the shims', fixed
 RUNC_ROOT = CONTAINERD_RUN / "runc" / "k8s.io"  # runc's state of the CRI's containers
 HOST_CDI = Path("/var/run/cdi")  # where a DaemonSet's powerdev writes its specs
@@ -88,7 +94,7 @@ class Node:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        return KUBELET_ROOT
 
     @property
     def pod_resources_socket(self) -> Path:
@@ -394,6 +400,21 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def _claim_fixed_paths() -> None:
+    """KUBELET_ROOT and CONTAINERD_RUN for this node: left over by a run of
+    ours that crashed, they are removed; a KUBELET_ROOT that is not ours (a
+    real node's) is never touched."""
+    if KUBELET_ROOT.exists() and not OURS.exists():
+        raise NodeError(
+            f"{KUBELET_ROOT} exists and was not made by the kit's node: this machine looks "
+            "like a Kubernetes node; run the real node's tests on a machine without a kubelet"
+        )
+    for path in (KUBELET_ROOT, CONTAINERD_RUN):
+        _remove(path)
+    KUBELET_ROOT.mkdir(parents=True)
+    OURS.touch()
+
+
 @contextlib.contextmanager
 def machine_lock() -> Iterator[None]:
     """One real node per machine: its fixed directories are the machine's."""
@@ -439,8 +460,7 @@ async def run(
     Node, and run them until cancelled; then stop everything and clean up."""
     began = trio.current_time()
     with machine_lock():
-        for path in (DEVICE_PLUGINS, CONTAINERD_RUN):
-            _remove(path)  # a crashed run's
+        _claim_fixed_paths()
         for sub in ("logs", "cni", "cdi"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "cni" / "10-loopback.conflist").write_text(
@@ -464,11 +484,8 @@ async def run(
                 await trio.sleep_forever()
             finally:
                 await node._stop_parts()
-                made = (DEVICE_PLUGINS, CONTAINERD_RUN, root / "containerd", node.kubelet_root)
-                for path in made:
+                for path in (KUBELET_ROOT, CONTAINERD_RUN, root / "containerd"):
                     _remove(path)
-                with contextlib.suppress(OSError):
-                    DEVICE_PLUGINS.parent.rmdir()  # /var/lib/kubelet, if nothing else is there
                 nursery.cancel_scope.cancel()
 
 
