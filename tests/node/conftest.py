@@ -49,6 +49,8 @@ def real_node() -> Iterator[Node]:
     try:
         with node.in_thread(root, tools, hosts=LOOPBACK_NAMES) as running:
             yield running
+        # The fixture's promise: every process stopped, every directory gone.
+        assert node.leftovers(root, tools) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -96,14 +98,15 @@ class Namespace:
             self.pods, name, lambda p: p["status"].get("phase") == "Running"
         )
 
-    async def wait_log(self, name: str, predicate, attempt: int = 0) -> str:
+    async def wait_log(self, name: str, predicate, attempt: int = 0, container: str = "c0") -> str:
         """The pod's container log once predicate(text) holds: the file the
         runtime writes in the kubelet's podLogsDir for that attempt of the
         container (its restart count), woken by inotify, so that it goes on
         while the kubelet itself restarts."""
         pod = await self.api.get(f"{self.pods}/{name}")
         uid = pod["metadata"]["uid"]
-        log = self.node.root / "pod-logs" / f"{self.name}_{name}_{uid}" / "c0" / f"{attempt}.log"
+        logs = self.node.root / "pod-logs" / f"{self.name}_{name}_{uid}"
+        log = logs / container / f"{attempt}.log"
         log.parent.mkdir(parents=True, exist_ok=True)  # watched before the runtime makes it
         return await wait_for_file(log, predicate)
 

@@ -400,6 +400,24 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def leftovers(root: Path, tools: dict[str, Path]) -> list[str]:
+    """What a stopped node left behind: a process of the kit's node parts
+    still running, a directory it made, a cgroup of its pods. Empty after a
+    clean stop."""
+    left = []
+    parts = {str(tools[name]) for name in kit.NODE if name in tools}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (exe := os.readlink(entry / "exe")) in parts:
+                    left.append(f"process {entry.name} ({exe})")
+    for path in (KUBELET_ROOT, CONTAINERD_RUN, root / "containerd"):
+        if path.exists():
+            left.append(f"directory {path}")
+    left += [f"cgroup {top}" for top in Path("/sys/fs/cgroup").glob("*/kubepods")]
+    return left
+
+
 def _claim_fixed_paths() -> None:
     """KUBELET_ROOT and CONTAINERD_RUN for this node: left over by a run of
     ours that crashed, they are removed; a KUBELET_ROOT that is not ours (a
