@@ -15,7 +15,9 @@
 # larger and needs a Red Hat registry). Pinned to an exact tag; pin a digest
 # in your own build pipeline for fully reproducible images. It already has
 # libudev1, which pyudev loads: apt (Priority: required) depends on
-# libapt-pkg6.0, which depends on libudev1.
+# libapt-pkg6.0, which depends on libudev1. Where no registry can be reached,
+# PYTHON_IMAGE names a base made from Debian's own packages instead (python3,
+# python3-pip, libudev1; see docs/image.md).
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -37,10 +39,13 @@ FROM ${PYTHON_IMAGE}
 # Runtime dependencies only (no test extras), from the build stage's wheels,
 # mounted for this step only (never a layer of the image) and with no index:
 # nothing is fetched here. Byte-compiled now, because the root filesystem is
-# read-only at run time.
+# read-only at run time: the directory pip installed powerdev in, as Python
+# finds it (site-packages in the official image, dist-packages on a base of
+# Debian's python3); the step fails if powerdev did not install.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
-    && python -m compileall -q /usr/local/lib/python3.11/site-packages/powerdev
+    && dir=$(python -c 'import os, powerdev; print(os.path.dirname(powerdev.__file__))') \
+    && python -m compileall -q "$dir"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # Runs as UID 0 with every capability dropped (see deploy/base/03-daemonset.yaml):
