@@ -60,10 +60,17 @@ CONTROLLERS = (
     "resourceclaim-controller",
 )
 # What a real node also needs of it (node.py): the node lifecycle controller
-# lifts the not-ready taint the node registers with, and the root CA
-# publisher writes the `kube-root-ca.crt` ConfigMap that every pod's token
-# volume projects.
-NODE_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
+# lifts the not-ready taint the node registers with, the root CA publisher
+# writes the `kube-root-ca.crt` ConfigMap that every pod's token volume
+# projects, and the DaemonSet, Deployment and ReplicaSet controllers make
+# the pods of deploy/ and examples/.
+NODE_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "root-ca-certificate-publisher-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+)
 # How each stops on SIGTERM (returncode; negative: ended by that signal),
 # when not 0. The scheduler without leader election exits 1, "finished
 # without leader elect". The controller manager catches signals only with

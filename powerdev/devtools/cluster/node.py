@@ -20,8 +20,9 @@ What this machine kind needs, found by trying (each is set below):
   DaemonSet's hostPath mounts expect), and containerd's shims keep their
   sockets under /run/containerd: one node per machine at a time (LOCK), on
   a machine that is no Kubernetes node (a /var/lib/kubelet of its own);
-- one CNI plugin, loopback: the runtime's network is ready, and pods use
-  hostNetwork;
+- the CNI plugins bridge and host-local: the runtime's network is ready,
+  and a pod off the host's network (the DaemonSet's) gets an address the
+  kubelet's probes reach; the tests' pods use hostNetwork;
 - no udev: /dev/loopN is root's, mode 0600, so a non-root pod opens a
   device only through the runtime's ownership options (OWNERSHIP) or CDI.
 
@@ -65,6 +66,8 @@ CONTAINERD_RUN = Path("/run/containerd")  # the shims', fixed
 RUNC_ROOT = CONTAINERD_RUN / "runc" / "k8s.io"  # runc's state of the CRI's containers
 HOST_CDI = Path("/var/run/cdi")  # where a DaemonSet's powerdev writes its specs
 CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+BRIDGE = "powerdev-kit0"  # the pods' network's bridge on the host
+POD_SUBNET = "10.244.0.0/24"
 KUBELET_PORT = 10250
 START_LIMIT = 120.0  # seconds for the node's parts, after the control plane
 STOP_LIMIT = 20.0  # seconds each process has after SIGTERM
@@ -205,6 +208,9 @@ class Node:
                 await _stop_part(self.parts.pop("containerd"))
             _kill_shims(self.tools["containerd-shim-runc-v2"])
             _remove_pod_cgroups()
+            await trio.run_process(
+                ["ip", "link", "delete", BRIDGE], capture_stderr=True, check=False
+            )  # made again by the first pod after a boot
 
 
 async def _serving(kubelet: Component) -> None:
@@ -415,7 +421,33 @@ def leftovers(root: Path, tools: dict[str, Path]) -> list[str]:
         if path.exists():
             left.append(f"directory {path}")
     left += [f"cgroup {top}" for top in Path("/sys/fs/cgroup").glob("*/kubepods")]
+    if (Path("/sys/class/net") / BRIDGE).exists():
+        left.append(f"network link {BRIDGE}")
     return left
+
+
+def _cni_config(root: Path) -> dict[str, object]:
+    """The pods' network: a bridge on the host (BRIDGE, the gateway) with
+    addresses from POD_SUBNET, so that the kubelet's probes reach a pod
+    that is not on the host's network (the DaemonSet's); the runtime adds
+    the loopback itself. Nothing is routed or masqueraded beyond the node."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "kit",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "dataDir": str(root / "cni-addresses"),
+                },
+            }
+        ],
+    }
 
 
 def _claim_fixed_paths() -> None:
@@ -481,11 +513,7 @@ async def run(
         _claim_fixed_paths()
         for sub in ("logs", "cni", "cdi"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        (root / "cni" / "10-loopback.conflist").write_text(
-            json.dumps(
-                {"cniVersion": "1.0.0", "name": "loopback", "plugins": [{"type": "loopback"}]}
-            )
-        )
+        (root / "cni" / "10-kit.conflist").write_text(json.dumps(_cni_config(root)))
         async with trio.open_nursery() as nursery:
             plane = await nursery.start(
                 partial(controlplane.run, root / "cp", tools, hosts=hosts, node=NAME)
