@@ -219,6 +219,10 @@ def bench(args: argparse.Namespace) -> int:
     if args.node:
         from powerdev.devtools import node_bench
 
+        if args.dra or args.quick:
+            print("powerdev bench --node: takes no --dra or --quick", file=sys.stderr)
+            return 2
+
         problem = node_bench.problem()
         if problem:
             print(f"powerdev bench --node: {problem}", file=sys.stderr)

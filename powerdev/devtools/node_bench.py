@@ -17,9 +17,7 @@ every one starts on a quiet node. Needs root, the kit with its node parts
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,11 +32,16 @@ from powerdev.devtools.bench import percentile
 from powerdev.devtools.cluster import node
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.node import Node
-from powerdev.devtools.cluster.nodepods import busybox_pod, powerdev_command
+from powerdev.devtools.cluster.nodepods import (
+    RESOURCE_API,
+    all_registered,
+    busybox_pod,
+    device_class,
+    loop_devices,
+    powerdev_command,
+)
 
 ROUNDS = 7  # pods of each kind
-DRIVER = "dra.powerdev.io"
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 PATHS = {  # kind: (resource, its config entry's own fields)
     "DeviceSpecs": ("powerdev.bench/specs", {"socket": "bench-specs.sock"}),
     "CDI": (
@@ -66,14 +69,6 @@ def _config(loops: list[str]) -> dict:
     return {"resources": resources}
 
 
-def _registered(count: int, text: str) -> bool:
-    try:
-        states = json.loads(text)["resources"]
-    except ValueError:
-        return False
-    return len(states) == count and all(s.get("state") == "registered" for s in states.values())
-
-
 async def _pod_seconds(api: Api, namespace: str, body: dict) -> float:
     """From the pod's creation to its end; then it is deleted, until gone."""
     pods = f"/api/v1/namespaces/{namespace}/pods"
@@ -93,14 +88,8 @@ async def _pod_seconds(api: Api, namespace: str, body: dict) -> float:
 
 async def _measure(running: Node, tmp: Path, rounds: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"no device": [], **{kind: [] for kind in PATHS}}
-    with testing.loop_control() as control, contextlib.ExitStack() as stack:
-        loops = []
-        for k in range(len(PATHS)):
-            device = f"/dev/{control.add(testing.FIRST_LOOP + k)}"
-            backing = tmp / f"loop{k}.img"
-            backing.write_bytes(bytes(1 << 20))
-            stack.enter_context(testing.bound(device, backing))
-            loops.append(device)
+    with loop_devices(tmp, len(PATHS)) as made:
+        loops = [device for device, _ in made]
         config, status = tmp / "config.json", tmp / "status.json"
         config.write_text(json.dumps(_config(loops)))
         command = powerdev_command(running, config, "--status-file", str(status))
@@ -111,8 +100,10 @@ async def _measure(running: Node, tmp: Path, rounds: int) -> dict[str, list[floa
                 )
             nursery.start_soon(proc.wait)
             try:
-                await testing.wait_for_file(status, partial(_registered, len(PATHS)))
-                await _make_class(api)
+                await testing.wait_for_file(status, partial(all_registered, len(PATHS)))
+                await api.create(
+                    f"{RESOURCE_API}/deviceclasses", device_class("bench-dra", PATHS["DRA"][0])
+                )
                 await api.create_namespace("bench")
                 for resource, _ in PATHS.values():
                     await api.wait_for(
@@ -158,15 +149,6 @@ async def _measure(running: Node, tmp: Path, rounds: int) -> dict[str, list[floa
     return samples
 
 
-async def _make_class(api: Api) -> None:
-    resource = PATHS["DRA"][0]
-    cel = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].resource == "{resource}"'
-    await api.create(
-        f"{RESOURCE_API}/deviceclasses",
-        {"metadata": {"name": "bench-dra"}, "spec": {"selectors": [{"cel": {"expression": cel}}]}},
-    )
-
-
 def _table(start: float, node_part: float, samples: dict[str, list[float]]) -> str:
     plain = percentile(samples["no device"], 50)
     lines = [
@@ -205,6 +187,4 @@ async def run_bench(json_path: Path | None, rounds: int = ROUNDS) -> None:
 if __name__ == "__main__":
     if why := problem():
         sys.exit(why)
-    if os.geteuid() != 0:
-        sys.exit("the node bench needs root")
     trio.run(run_bench, None)

@@ -82,7 +82,7 @@ def _node(resource: ResourceConfig, device: Device) -> dict[str, object]:
     if owned(resource):
         # Both, always: the runtime's CDI library gives a node without a uid
         # (or gid) the container process's, so with only a group set every
-        # pod granted the device would own it. Unset means root's.
+        # pod granted the device would own it. The unset one is root's.
         node["uid"] = resource.device_uid or 0
         node["gid"] = resource.device_gid or 0
     if resource.device_mode is not None:
@@ -91,14 +91,11 @@ def _node(resource: ResourceConfig, device: Device) -> dict[str, object]:
 
 
 def owned(resource: ResourceConfig) -> bool:
-    """Whether the resource says who may open its nodes in the container
-    (device-uid, device-gid or device-mode). Without any of the three the
-    spec names no owner, and the runtime makes the container's user and
-    group the owners of each node (CDI's own rule)."""
-    return any(
-        value is not None
-        for value in (resource.device_uid, resource.device_gid, resource.device_mode)
-    )
+    """Whether the resource says who owns its nodes in the container
+    (device-uid or device-gid). Without either the spec names no owner,
+    and the runtime makes the container's user and group the owners of
+    each node (CDI's own rule); device-mode alone keeps that."""
+    return resource.device_uid is not None or resource.device_gid is not None
 
 
 class SpecWriteError(Exception):

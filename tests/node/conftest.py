@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from powerdev.devtools import kit, testing
+from powerdev.devtools import kit
 from powerdev.devtools.cluster import node
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.node import Node
 from powerdev.devtools.cluster.nodepods import (
+    all_registered,
     powerdev_command,
 )
 from powerdev.devtools.testing import stop
@@ -36,7 +37,6 @@ from tests.controlplane_fixtures import LOOPBACK_NAMES, require_tools
 
 NEEDED = (*kit.CONTROL_PLANE, "kubectl", *kit.NODE)
 LIMIT = 90  # seconds: the bound of each step of a test on the node
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 
 
 @pytest.fixture(scope="session")
@@ -162,34 +162,10 @@ async def powerdev(
         )
     try:
         if registered:
-            await wait_for_file(status, partial(_all_registered, len(resources)))
+            await wait_for_file(status, partial(all_registered, len(resources)))
         yield proc
     finally:
         await stop(proc)
-
-
-def _all_registered(count: int, text: str) -> bool:
-    try:
-        states = json.loads(text)["resources"]
-    except ValueError:
-        return False
-    return len(states) == count and all(s.get("state") == "registered" for s in states.values())
-
-
-@contextlib.contextmanager
-def loop_devices(tmp: Path, count: int, first: int = 0) -> Iterator[list[tuple[str, Path]]]:
-    """`count` real loop devices (/dev/loop3NN), each bound to a 1 MiB file
-    of zeros in tmp: [(node, backing file)]; unbound and removed on the way out."""
-    with testing.loop_control() as control, contextlib.ExitStack() as stack:
-        made = []
-        for k in range(count):
-            index = testing.FIRST_LOOP + first + k
-            device = f"/dev/{control.add(index)}"
-            backing = tmp / f"loop{index}.img"
-            backing.write_bytes(bytes(1 << 20))
-            stack.enter_context(testing.bound(device, backing))
-            made.append((device, backing))
-        yield made
 
 
 def written(backing: Path, mark: str) -> str:

@@ -22,11 +22,12 @@ import trio
 
 from powerdev.devtools.cluster import image, images
 from powerdev.devtools.cluster.node import DEVICE_PLUGINS
+from powerdev.devtools.cluster.nodepods import loop_devices
 from powerdev.devtools.kit import ROOT
 from powerdev.devtools.testing import LOOP_PATTERN, is_root
 from tests import conftest
 from tests.e2e.test_webhook_e2e import kubectl
-from tests.node.conftest import LIMIT, Namespace, allocatable, loop_devices
+from tests.node.conftest import LIMIT, Namespace, allocatable
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 
@@ -142,10 +143,15 @@ async def test_the_daemonset_from_the_image_serves_the_examples_and_goes_without
         await kubectl(plane, "apply", "-k", str(examples))
         sample = Namespace(node_api, EXAMPLES, real_node)
         await sample.running("power-dev-sample")
+        # "all": the pod has every device; one line for each, then it sleeps
         log = await sample.wait_log(
-            "power-dev-sample", lambda t: "read 4 KiB" in t or "CANNOT" in t, container="sample"
+            "power-dev-sample",
+            lambda t: t.count("read 4 KiB") + t.count("CANNOT") == len(loops),
+            container="sample",
         )
-        assert "read 4 KiB: /dev/loop3" in log and "CANNOT" not in log, log
+        assert "CANNOT" not in log, log
+        for device, _ in loops:
+            assert f"read 4 KiB: {device}" in log, log
 
         await kubectl(plane, "delete", "-k", str(examples), "--wait=true")
         await kubectl(plane, "delete", "-k", str(deploy), "--wait=true")

@@ -18,13 +18,22 @@ from functools import partial
 import pytest
 import trio
 
-from powerdev.devtools.cluster.nodepods import busybox_pod, write_and_read
+from powerdev.devtools.cluster.nodepods import (
+    RESOURCE_API,
+    busybox_pod,
+    device_class,
+    loop_devices,
+    write_and_read,
+)
 from powerdev.devtools.testing import LOOP_PATTERN, is_root
-from tests.node.conftest import LIMIT, RESOURCE_API, allocatable, loop_devices, powerdev, written
+from tests.node.conftest import LIMIT, allocatable, powerdev, written
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 
 GROUP = 2000  # device-gid: the group that may open the devices
+# Prints the owner, group and mode of the pod's device: a pod that has no
+# device at all would fail to write too, for another reason.
+OWNER = "stat -c 'owner=%u group=%g mode=%a' /dev/loop3*; "
 
 
 def mark() -> str:
@@ -71,7 +80,7 @@ async def test_cdi_the_group_opens_the_device_and_a_pod_outside_it_cannot(
             (_inside, inside_file), (_outside, outside_file) = loops
             text = mark()
             limits = {"limits": {resource: "1"}}
-            probe = "stat -c 'owner=%u group=%g mode=%a' /dev/loop3*; "
+            probe = OWNER
             phase, log = await namespace.run_pod(
                 busybox_pod("in-group", probe + write_and_read("/dev/loop3*", text),
                             resources=limits, groups=(GROUP,))
@@ -85,20 +94,12 @@ async def test_cdi_the_group_opens_the_device_and_a_pod_outside_it_cannot(
                             resources=limits)
             )  # fmt: skip
             assert phase == "Failed", log
+            # It has the device (root's and the group's), and may not open it.
+            assert f"owner=0 group={GROUP} mode=660" in log, log
             assert "Permission denied" in log
     writes = [written(inside_file, text), written(outside_file, text)]
     assert text in writes  # the group's pod wrote its device
     assert not any(written(f, other) == other for f in (inside_file, outside_file))
-
-
-def device_class(name: str, driver: str, resource: str) -> dict:
-    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{resource}"'
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": cel}}]},
-    }
 
 
 def request(device_class: str, cel: str = "") -> dict:
@@ -128,7 +129,7 @@ async def test_dra_a_template_and_a_claim_by_attribute_and_the_group_only(
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
     templates = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaimtemplates"
     class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, driver, resource))
+    await node_api.create(classes, device_class(class_name, resource, driver))
     try:
         with trio.fail_after(3 * LIMIT), loop_devices(tmp_path, 3) as loops:
             async with powerdev(real_node, tmp_path, [entry]):
@@ -162,10 +163,11 @@ async def test_dra_a_template_and_a_claim_by_attribute_and_the_group_only(
 
                 third = mark()
                 phase, log = await namespace.run_pod(
-                    busybox_pod("outside", write_and_read("/dev/loop3*", third),
+                    busybox_pod("outside", OWNER + write_and_read("/dev/loop3*", third),
                                 claims=[{"name": "dev", "resourceClaimTemplateName": "dev"}])
                 )  # fmt: skip
                 assert phase == "Failed", log
+                assert f"owner=0 group={GROUP} mode=660" in log, log  # it has the device
                 assert "Permission denied" in log
                 assert all(written(f, third) != third for _, f in loops)
     finally:

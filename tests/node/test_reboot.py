@@ -15,10 +15,10 @@ import pytest
 import trio
 
 from powerdev.devtools import testing
-from powerdev.devtools.cluster.nodepods import busybox_pod
+from powerdev.devtools.cluster.nodepods import RESOURCE_API, busybox_pod, device_class
 from powerdev.devtools.testing import is_root
-from tests.node.conftest import LIMIT, RESOURCE_API, powerdev
-from tests.node.test_real_pods import GROUP, device_class, request
+from tests.node.conftest import LIMIT, powerdev
+from tests.node.test_real_pods import GROUP, request
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 
@@ -70,7 +70,7 @@ async def test_after_a_reboot_the_restarted_pod_of_a_claim_finds_its_own_data(
     classes = f"{RESOURCE_API}/deviceclasses"
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
     class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, DRIVER, RESOURCE))
+    await node_api.create(classes, device_class(class_name, RESOURCE, DRIVER))
     pod = busybox_pod(
         "keeper",
         keep_or_write(mark),

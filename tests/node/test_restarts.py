@@ -9,21 +9,39 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
+from functools import partial
 
 import pytest
 import trio
 
-from powerdev.devtools.cluster.nodepods import busybox_pod, keep_writing, write_and_read
+from powerdev.devtools.cluster.nodepods import (
+    RESOURCE_API,
+    busybox_pod,
+    device_class,
+    keep_writing,
+    loop_devices,
+    write_and_read,
+)
 from powerdev.devtools.testing import is_root
 from tests.conftest import wait_for_file, wait_gone
-from tests.node.conftest import LIMIT, RESOURCE_API, allocatable, loop_devices, powerdev, written
-from tests.node.test_real_pods import GROUP, device_class, request
+from tests.node.conftest import LIMIT, allocatable, powerdev, written
+from tests.node.test_real_pods import GROUP, request
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 
 DRIVER = "dra.powerdev.io"
 PLUGIN = "powerdev.test/restarts"
 DRA = "powerdev.test/restarts-dra"
+
+
+def registered_since(resource: str, since: float, text: str) -> bool:
+    """Whether powerdev's status file says `resource` was registered after `since`."""
+    try:
+        state = json.loads(text)["resources"][resource]
+    except (ValueError, KeyError):
+        return False
+    return state["state"] == "registered" and state["since"] > since
 
 
 def resources() -> list[dict]:
@@ -47,7 +65,7 @@ async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_go
     classes = f"{RESOURCE_API}/deviceclasses"
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
     class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, DRIVER, DRA))
+    await node_api.create(classes, device_class(class_name, DRA, DRIVER))
     try:
         with trio.fail_after(4 * LIMIT), loop_devices(tmp_path, 2) as loops:
             async with powerdev(real_node, tmp_path, resources()) as first:
@@ -68,9 +86,13 @@ async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_go
                 seen = await namespace.count_passes("runner", 0)
                 assert "/dev/loop301" in await wait_for_file(spec, lambda t: "loop301" in t)
 
+                restarted = time.time()
                 await real_node.call(real_node.restart_kubelet)
                 seen = await namespace.count_passes("runner", seen)
-                await allocatable(node_api, real_node, PLUGIN, 1)  # registered again
+                # powerdev registered again with the new kubelet
+                await wait_for_file(
+                    tmp_path / "status.json", partial(registered_since, PLUGIN, restarted)
+                )
 
                 first.kill()  # SIGKILL: no cleanup at all
                 await first.wait()
@@ -84,7 +106,7 @@ async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_go
                 for _, backing in loops:
                     assert int(backing.read_bytes()[:8]) >= seen
 
-                # Both devices are free again: a new pod gets them.
+                # The device plugin's device is free again: a new pod gets it.
                 text = f"again-{secrets.token_hex(3)}"
                 phase, log = await namespace.run_pod(
                     busybox_pod(

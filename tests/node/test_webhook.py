@@ -13,7 +13,7 @@ import trio
 import trustme
 import yaml
 
-from powerdev.devtools.cluster.nodepods import busybox_pod, write_and_read
+from powerdev.devtools.cluster.nodepods import busybox_pod, loop_devices, write_and_read
 from powerdev.devtools.kit import ROOT
 from powerdev.devtools.testing import LOOP_PATTERN, is_root
 from tests.e2e.test_webhook_e2e import (
@@ -23,7 +23,7 @@ from tests.e2e.test_webhook_e2e import (
     one,
     until_the_api_server_calls_it,
 )
-from tests.node.conftest import LIMIT, allocatable, loop_devices, powerdev, written
+from tests.node.conftest import LIMIT, allocatable, powerdev, written
 from tests.webhook.conftest import SecretDir, pair_files, settings_for, webhook_process
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")

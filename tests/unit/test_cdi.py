@@ -74,12 +74,12 @@ def test_the_spec_names_each_healthy_device_with_its_node():
     [
         ("", None),  # no owner named: the runtime's rule, the container's user owns it
         (', "device-gid": 6', (0, 6)),
-        (', "device-mode": "0600"', (0, 0)),
+        (', "device-mode": "0600"', None),  # a mode says nothing of who: still the pod's
         (', "device-uid": 1000', (1000, 0)),
         (', "device-uid": 7, "device-gid": 8', (7, 8)),
     ],
 )
-def test_a_spec_that_sets_any_of_owner_group_or_mode_names_both_owner_and_group(fields, owner):
+def test_a_spec_that_sets_an_owner_or_a_group_names_both(fields, owner):
     """The runtime's CDI library fills a missing uid or gid with the
     container process's: a spec that says who may open a node says both."""
     node = cdi.device_node(only('{"cdi": true' + fields + "}"), DEVICES[0])

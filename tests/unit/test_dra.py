@@ -228,6 +228,7 @@ async def test_a_claim_is_prepared_once_answered_again_and_unprepared(tmp_path):
     assert spec["kind"] == f"{DRIVER}/claim"
     (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
     assert (node["path"], node["major"], node["minor"], node["gid"]) == ("/dev/sdb", 8, 16, 6)
+    assert node["uid"] == 0  # a group without an owner: root's, never the pod's
 
     # A restart in the same boot: the checkpoint answers; a spec that went
     # is written again (sdb has no identity: its path still names 8:16).

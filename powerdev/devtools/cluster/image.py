@@ -223,7 +223,7 @@ def _unmount_under(rootfs: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, timeout=60, check=False)
 
 
-def _commit(rootfs: Path, name: str, log: Path) -> None:
+def _commit(rootfs: Path, name: str, log: Path) -> str:
     """rootfs as one layer of an image in buildah's storage, named name."""
     container = _run(
         ["buildah", "from", "scratch"], log, 120, "buildah from scratch", capture=True
@@ -249,10 +249,6 @@ def _commit(rootfs: Path, name: str, log: Path) -> None:
     finally:
         subprocess.run(["buildah", "rm", container], capture_output=True, timeout=120, check=False)
     return name
-
-
-def _go_arch() -> str:
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
 def _pip_settings(env: Mapping[str, str]) -> tuple[dict[str, str], Path | None]:

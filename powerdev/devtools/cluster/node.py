@@ -63,9 +63,11 @@ KUBELET_ROOT = Path("/var/lib/kubelet")
 DEVICE_PLUGINS = KUBELET_ROOT / "device-plugins"
 OURS = KUBELET_ROOT / ".powerdev-kit-node"  # marks a KUBELET_ROOT this module made
 CONTAINERD_RUN = Path("/run/containerd")  # the shims', fixed
+RUN_OURS = CONTAINERD_RUN / ".powerdev-kit-node"  # likewise for CONTAINERD_RUN
 RUNC_ROOT = CONTAINERD_RUN / "runc" / "k8s.io"  # runc's state of the CRI's containers
 HOST_CDI = Path("/var/run/cdi")  # where a DaemonSet's powerdev writes its specs
 CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+CNI_NEEDED = ("bridge", "host-local", "loopback")  # the pods' network; the runtime's loopback
 BRIDGE = "powerdev-kit0"  # the pods' network's bridge on the host
 POD_SUBNET = "10.244.0.0/24"
 KUBELET_PORT = 10250
@@ -150,10 +152,12 @@ class Node:
     async def shut_down(self) -> None:
         """The first half of a reboot: every container and process of the
         node gone, and /run wiped (containerd's state and shim sockets, the
-        CDI specs there); the disks kept (containerd's images, the kubelet's
-        root with its checkpoints). boot() is the second half."""
+        CDI specs the tests' powerdev wrote, in cdi_dir); the disks kept
+        (containerd's images, the kubelet's root with its checkpoints).
+        HOST_CDI is left as it is: other programs of this machine may write
+        there. boot() is the second half."""
         await self._stop_parts()
-        for path in (self.root / "containerd" / "state", CONTAINERD_RUN, self.cdi_dir, HOST_CDI):
+        for path in (self.root / "containerd" / "state", CONTAINERD_RUN, self.cdi_dir):
             _remove(path)
         self.cdi_dir.mkdir()
 
@@ -172,6 +176,7 @@ class Node:
     async def _start_parts(self) -> None:
         assert self._nursery is not None
         with trio.fail_after(START_LIMIT):
+            _claim(CONTAINERD_RUN, RUN_OURS)
             await self._start_containerd()
             await _import_images(self)
             await self._start_kubelet()
@@ -239,7 +244,8 @@ async def _stop_part(part: Component) -> None:
     part.stopping = True
     if part.proc.returncode is None:
         part.killed = await stop(part.proc, STOP_LIMIT)
-    await part.output.wait_ended()
+    with trio.move_on_after(STOP_LIMIT):  # a child that kept its output open
+        await part.output.wait_ended()
 
 
 def _environment(node: Node) -> dict[str, str]:
@@ -380,16 +386,13 @@ def _kill_shims(shim: Path) -> None:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if os.readlink(entry / "exe") == str(shim):
+            if os.readlink(entry / "exe") == str(shim.resolve()):
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _remove_pod_cgroups() -> None:
     """The kubelet's QoS cgroups (cgroupfs driver), deepest first."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        top = hierarchy / "kubepods"
-        if not top.is_dir():
-            continue
+    for top in _pod_cgroups():
         for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             if path.is_dir():
                 with contextlib.suppress(OSError):
@@ -411,7 +414,7 @@ def leftovers(root: Path, tools: dict[str, Path]) -> list[str]:
     still running, a directory it made, a cgroup of its pods. Empty after a
     clean stop."""
     left = []
-    parts = {str(tools[name]) for name in kit.NODE if name in tools}
+    parts = {str(tools[name].resolve()) for name in kit.NODE if name in tools}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
@@ -420,7 +423,7 @@ def leftovers(root: Path, tools: dict[str, Path]) -> list[str]:
     for path in (KUBELET_ROOT, CONTAINERD_RUN, root / "containerd"):
         if path.exists():
             left.append(f"directory {path}")
-    left += [f"cgroup {top}" for top in Path("/sys/fs/cgroup").glob("*/kubepods")]
+    left += [f"cgroup {top}" for top in _pod_cgroups()]
     if (Path("/sys/class/net") / BRIDGE).exists():
         left.append(f"network link {BRIDGE}")
     return left
@@ -450,19 +453,26 @@ def _cni_config(root: Path) -> dict[str, object]:
     }
 
 
-def _claim_fixed_paths() -> None:
-    """KUBELET_ROOT and CONTAINERD_RUN for this node: left over by a run of
-    ours that crashed, they are removed; a KUBELET_ROOT that is not ours (a
-    real node's) is never touched."""
-    if KUBELET_ROOT.exists() and not OURS.exists():
+def _pod_cgroups() -> list[Path]:
+    """The kubelet's top pod cgroup in each cgroup v1 hierarchy, or v2's."""
+    base = Path("/sys/fs/cgroup")
+    return [top for top in (base / "kubepods", *base.glob("*/kubepods")) if top.is_dir()]
+
+
+def _claim(path: Path, marker: Path) -> None:
+    """path for this node, made anew with marker in it: one left over by a
+    run of ours that crashed is removed; one that is not ours (a real
+    node's kubelet root, another containerd's /run/containerd) is never
+    touched."""
+    if path.exists() and not marker.exists():
         raise NodeError(
-            f"{KUBELET_ROOT} exists and was not made by the kit's node: this machine looks "
-            "like a Kubernetes node; run the real node's tests on a machine without a kubelet"
+            f"{path} exists and was not made by the kit's node: this machine runs (or ran) "
+            "a kubelet or containerd of its own; run the real node's tests on a machine "
+            "without them"
         )
-    for path in (KUBELET_ROOT, CONTAINERD_RUN):
-        _remove(path)
-    KUBELET_ROOT.mkdir(parents=True)
-    OURS.touch()
+    _remove(path)
+    path.mkdir(parents=True)
+    marker.touch()
 
 
 @contextlib.contextmanager
@@ -490,10 +500,8 @@ def missing_parts() -> str | None:
         return "a real node needs root (containerd, runc and the kubelet run as root)"
     if sys.platform != "linux":
         return "a real node needs Linux"
-    for needed, package in (
-        (images.BUSYBOX_BINARY, "busybox-static"),
-        (CNI_PLUGINS / "loopback", "containernetworking-plugins"),
-    ):
+    plugins = [(CNI_PLUGINS / name, "containernetworking-plugins") for name in CNI_NEEDED]
+    for needed, package in ((images.BUSYBOX_BINARY, "busybox-static"), *plugins):
         if not needed.exists():
             return f"{needed} is missing: install Debian's {package} (bash conformance/host-tools)"
     return None
@@ -510,29 +518,42 @@ async def run(
     Node, and run them until cancelled; then stop everything and clean up."""
     began = trio.current_time()
     with machine_lock():
-        _claim_fixed_paths()
+        _claim(KUBELET_ROOT, OURS)
         for sub in ("logs", "cni", "cdi"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "cni" / "10-kit.conflist").write_text(json.dumps(_cni_config(root)))
-        async with trio.open_nursery() as nursery:
-            plane = await nursery.start(
-                partial(controlplane.run, root / "cp", tools, hosts=hosts, node=NAME)
-            )
-            node = Node(NAME, root, plane, tools, 0.0, 0.0)
-            node._nursery = nursery
-            node._token = trio.lowlevel.current_trio_token()
-            try:
-                parts_began = trio.current_time()
-                await node._start_parts()
-                now = trio.current_time()
-                node.start_seconds, node.node_seconds = now - began, now - parts_began
-                task_status.started(node)
-                await trio.sleep_forever()
-            finally:
-                await node._stop_parts()
-                for path in (KUBELET_ROOT, CONTAINERD_RUN, root / "containerd"):
+        try:
+            await _run_node(root, tools, hosts, began, task_status)
+        finally:
+            for path in (KUBELET_ROOT, CONTAINERD_RUN, root / "containerd"):
+                if path != CONTAINERD_RUN or RUN_OURS.exists():
                     _remove(path)
-                nursery.cancel_scope.cancel()
+
+
+async def _run_node(
+    root: Path,
+    tools: dict[str, Path],
+    hosts: tuple[str, ...],
+    began: float,
+    task_status: trio.TaskStatus[Node],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        plane = await nursery.start(
+            partial(controlplane.run, root / "cp", tools, hosts=hosts, node=NAME)
+        )
+        node = Node(NAME, root, plane, tools, 0.0, 0.0)
+        node._nursery = nursery
+        node._token = trio.lowlevel.current_trio_token()
+        try:
+            parts_began = trio.current_time()
+            await node._start_parts()
+            now = trio.current_time()
+            node.start_seconds, node.node_seconds = now - began, now - parts_began
+            task_status.started(node)
+            await trio.sleep_forever()
+        finally:
+            await node._stop_parts()
+            nursery.cancel_scope.cancel()
 
 
 @contextlib.contextmanager

@@ -7,13 +7,19 @@ the node's device plugin and DRA driver."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from powerdev.devtools import testing
 from powerdev.devtools.cluster import images, node
 from powerdev.devtools.cluster.node import Node
 
 UID, GID = 1000, 1000  # every pod's user and group
+DRIVER = "dra.powerdev.io"  # powerdev's DRA driver, the default
+RESOURCE_API = "/apis/resource.k8s.io/v1"
 
 
 def pod_security(groups: tuple[int, ...] = ()) -> dict:
@@ -108,3 +114,40 @@ def powerdev_command(real_node: Node, config: Path, *options: str) -> list[str]:
         "--dra-registry-dir", str(real_node.plugins_registry),
         *options,
     ]  # fmt: skip
+
+
+def all_registered(count: int, text: str) -> bool:
+    """Whether powerdev's status file (text) says that the kubelet has
+    registered each of its `count` resources."""
+    try:
+        states = json.loads(text)["resources"]
+    except ValueError:
+        return False
+    return len(states) == count and all(s.get("state") == "registered" for s in states.values())
+
+
+def device_class(name: str, resource: str, driver: str = DRIVER) -> dict:
+    """A DeviceClass for the devices of one powerdev resource."""
+    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{resource}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": cel}}]},
+    }
+
+
+@contextlib.contextmanager
+def loop_devices(tmp: Path, count: int, first: int = 0) -> Iterator[list[tuple[str, Path]]]:
+    """`count` real loop devices (/dev/loop3NN), each bound to a 1 MiB file
+    of zeros in tmp: [(node, backing file)]; unbound and removed on the way out."""
+    with testing.loop_control() as control, contextlib.ExitStack() as stack:
+        made = []
+        for k in range(count):
+            index = testing.FIRST_LOOP + first + k
+            device = f"/dev/{control.add(index)}"
+            backing = tmp / f"loop{index}.img"
+            backing.write_bytes(bytes(1 << 20))
+            stack.enter_context(testing.bound(device, backing))
+            made.append((device, backing))
+        yield made
