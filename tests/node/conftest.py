@@ -11,9 +11,7 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -40,19 +38,18 @@ LIMIT = 90  # seconds: the bound of each step of a test on the node
 
 
 @pytest.fixture(scope="session")
-def real_node() -> Iterator[Node]:
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """The node, in a directory of pytest's (kept for the last runs, as
+    pytest keeps them: its logs say what a failed test's node did)."""
     tools = require_tools(NEEDED)
     why = node.missing_parts()
     if why:
         conftest.require(None, why)
-    root = Path(tempfile.mkdtemp(prefix="pd-node-", dir="/tmp"))
-    try:
-        with node.in_thread(root, tools, hosts=LOOPBACK_NAMES) as running:
-            yield running
-        # The fixture's promise: every process stopped, every directory gone.
-        assert node.leftovers(root, tools) == []
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    root = tmp_path_factory.mktemp("node")
+    with node.in_thread(root, tools, hosts=LOOPBACK_NAMES) as running:
+        yield running
+    # The fixture's promise: every process stopped, every directory it made gone.
+    assert node.leftovers(root, tools) == []
 
 
 @pytest.fixture

@@ -129,30 +129,13 @@ async def test_the_daemonset_from_the_image_serves_the_examples_and_goes_without
         )
         assert done.returncode == 0
         deploy, examples = overlays(tmp_path)
-        await kubectl(plane, "apply", "-k", str(deploy))
-        # Ready: its readiness probe (/readyz) passed on the node
-        await node_api.wait_for(
-            f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets",
-            "power-device-plugin",
-            lambda d: d.get("status", {}).get("numberReady") == 1,
-        )
-        (pod,) = (await node_api.get(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
-        assert pod["spec"]["containers"][0]["image"] == image.IMAGE
-        await allocatable(node_api, real_node, RESOURCE, len(loops))
-
-        await kubectl(plane, "apply", "-k", str(examples))
-        sample = Namespace(node_api, EXAMPLES, real_node)
-        await sample.running("power-dev-sample")
-        # "all": the pod has every device; one line for each, then it sleeps
-        log = await sample.wait_log(
-            "power-dev-sample",
-            lambda t: t.count("read 4 KiB") + t.count("CANNOT") == len(loops),
-            container="sample",
-        )
-        assert "CANNOT" not in log, log
-        for device, _ in loops:
-            assert f"read 4 KiB: {device}" in log, log
-
+        try:
+            await _deploy_and_run_the_examples(real_node, node_api, deploy, examples, loops)
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
+                for tree in (examples, deploy):  # the next tests share the node
+                    await kubectl(plane, "delete", "-k", str(tree), "--ignore-not-found")
+            raise
         await kubectl(plane, "delete", "-k", str(examples), "--wait=true")
         await kubectl(plane, "delete", "-k", str(deploy), "--wait=true")
         await node_api.wait_gone("/api/v1/namespaces", EXAMPLES)
@@ -162,5 +145,35 @@ async def test_the_daemonset_from_the_image_serves_the_examples_and_goes_without
         )
         assert left["items"] == []
         # powerdev's socket is gone; only the kubelet's own files stay
-        left = {p.name for p in DEVICE_PLUGINS.iterdir()}
-        assert left <= {"kubelet.sock", "kubelet_internal_checkpoint"}, left
+        files = {p.name for p in DEVICE_PLUGINS.iterdir()}
+        assert files <= {"kubelet.sock", "kubelet_internal_checkpoint"}, files
+
+
+async def _deploy_and_run_the_examples(real_node, node_api, deploy, examples, loops) -> None:
+    plane = real_node.plane
+    await kubectl(plane, "apply", "-k", str(deploy))
+    # Ready: its readiness probe (/readyz) passed on the node
+    await node_api.wait_for(
+        f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets",
+        "power-device-plugin",
+        lambda d: d.get("status", {}).get("numberReady") == 1,
+    )
+    (pod,) = (await node_api.get(f"/api/v1/namespaces/{NAMESPACE}/pods"))["items"]
+    assert pod["spec"]["containers"][0]["image"] == image.IMAGE
+    await allocatable(node_api, real_node, RESOURCE, len(loops))
+
+    await kubectl(plane, "apply", "-k", str(examples))
+    sample = Namespace(node_api, EXAMPLES, real_node)
+    started = await node_api.wait_for(
+        sample.pods, "power-dev-sample", lambda p: p["status"].get("phase") != "Pending"
+    )
+    assert started["status"]["phase"] == "Running", started["status"]
+    # "all": the pod has every device; one line for each, then it sleeps
+    log = await sample.wait_log(
+        "power-dev-sample",
+        lambda t: t.count("read 4 KiB") + t.count("CANNOT") == len(loops),
+        container="sample",
+    )
+    assert "CANNOT" not in log, log
+    for device, _ in loops:
+        assert f"read 4 KiB: {device}" in log, log
