@@ -13,7 +13,7 @@ import os
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +25,10 @@ from powerdev.devtools.cluster import node
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.node import Node
 from powerdev.devtools.cluster.nodepods import (
+    DRIVER,
+    RESOURCE_API,
     all_registered,
+    device_class,
     powerdev_command,
 )
 from powerdev.devtools.testing import stop
@@ -67,6 +70,7 @@ class Namespace:
     api: Api
     name: str
     node: Node
+    classes: list[str] = field(default_factory=list)  # DeviceClasses made for it
 
     @property
     def pods(self) -> str:
@@ -123,6 +127,14 @@ class Namespace:
         await self.wait_log(name, passes)
         return found[0]
 
+    async def device_class(self, resource: str, driver: str = DRIVER) -> str:
+        """A DeviceClass for the devices of `resource`, named after the
+        namespace; deleted with the namespace by the fixture."""
+        name = f"{self.name}-dev"
+        await self.api.create(f"{RESOURCE_API}/deviceclasses", device_class(name, resource, driver))
+        self.classes.append(name)
+        return name
+
     async def delete_pod(self, name: str) -> None:
         await self.api.delete(f"{self.pods}/{name}")
         await self.api.wait_gone(self.pods, name)
@@ -132,8 +144,11 @@ class Namespace:
 async def namespace(node_api: Api, real_node: Node) -> AsyncIterator[Namespace]:
     name = f"node-{secrets.token_hex(3)}"
     await node_api.create_namespace(name)
-    yield Namespace(node_api, name, real_node)
+    made = Namespace(node_api, name, real_node)
+    yield made
     with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
+        for device_class_name in made.classes:
+            await node_api.delete(f"{RESOURCE_API}/deviceclasses/{device_class_name}")
         await node_api.delete(f"/api/v1/namespaces/{name}")
 
 

@@ -21,7 +21,6 @@ import trio
 from powerdev.devtools.cluster.nodepods import (
     RESOURCE_API,
     busybox_pod,
-    device_class,
     loop_devices,
     write_and_read,
 )
@@ -125,54 +124,48 @@ async def test_dra_a_template_and_a_claim_by_attribute_and_the_group_only(
         "device-gid": GROUP,
         "device-mode": "0660",
     }
-    classes = f"{RESOURCE_API}/deviceclasses"
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
     templates = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaimtemplates"
-    class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, resource, driver))
-    try:
-        with trio.fail_after(3 * LIMIT), loop_devices(tmp_path, 3) as loops:
-            async with powerdev(real_node, tmp_path, [entry]):
-                await node_api.create(
-                    templates,
-                    {"metadata": {"name": "dev"}, "spec": {"spec": request(class_name)}},
-                )
-                text = mark()
-                phase, log = await namespace.run_pod(
-                    busybox_pod("from-template", write_and_read("/dev/loop3*", text),
-                                claims=[{"name": "dev", "resourceClaimTemplateName": "dev"}],
-                                groups=(GROUP,))
-                )  # fmt: skip
-                assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
-                used = [d for d, f in loops if written(f, text) == text]
-                assert len(used) == 1
+    class_name = await namespace.device_class(resource, driver)
+    with trio.fail_after(3 * LIMIT), loop_devices(tmp_path, 3) as loops:
+        async with powerdev(real_node, tmp_path, [entry]):
+            await node_api.create(
+                templates,
+                {"metadata": {"name": "dev"}, "spec": {"spec": request(class_name)}},
+            )
+            text = mark()
+            phase, log = await namespace.run_pod(
+                busybox_pod("from-template", write_and_read("/dev/loop3*", text),
+                            claims=[{"name": "dev", "resourceClaimTemplateName": "dev"}],
+                            groups=(GROUP,))
+            )  # fmt: skip
+            assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
+            used = [d for d, f in loops if written(f, text) == text]
+            assert len(used) == 1
 
-                chosen, chosen_file = next((d, f) for d, f in loops if d not in used)
-                cel = f'device.attributes["{driver}"].path == "{chosen}"'
-                await node_api.create(
-                    claims, {"metadata": {"name": "chosen"}, "spec": request(class_name, cel)}
-                )
-                other = mark()
-                phase, log = await namespace.run_pod(
-                    busybox_pod("by-path", write_and_read(chosen, other),
-                                claims=[{"name": "dev", "resourceClaimName": "chosen"}],
-                                groups=(GROUP,))
-                )  # fmt: skip
-                assert (phase, f"read: {other}") == ("Succeeded", log.strip()), log
-                assert written(chosen_file, other) == other
+            chosen, chosen_file = next((d, f) for d, f in loops if d not in used)
+            cel = f'device.attributes["{driver}"].path == "{chosen}"'
+            await node_api.create(
+                claims, {"metadata": {"name": "chosen"}, "spec": request(class_name, cel)}
+            )
+            other = mark()
+            phase, log = await namespace.run_pod(
+                busybox_pod("by-path", write_and_read(chosen, other),
+                            claims=[{"name": "dev", "resourceClaimName": "chosen"}],
+                            groups=(GROUP,))
+            )  # fmt: skip
+            assert (phase, f"read: {other}") == ("Succeeded", log.strip()), log
+            assert written(chosen_file, other) == other
 
-                third = mark()
-                phase, log = await namespace.run_pod(
-                    busybox_pod("outside", OWNER + write_and_read("/dev/loop3*", third),
-                                claims=[{"name": "dev", "resourceClaimTemplateName": "dev"}])
-                )  # fmt: skip
-                assert phase == "Failed", log
-                assert f"owner=0 group={GROUP} mode=660" in log, log  # it has the device
-                assert "Permission denied" in log
-                assert all(written(f, third) != third for _, f in loops)
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
-            await node_api.delete(f"{classes}/{class_name}")
+            third = mark()
+            phase, log = await namespace.run_pod(
+                busybox_pod("outside", OWNER + write_and_read("/dev/loop3*", third),
+                            claims=[{"name": "dev", "resourceClaimTemplateName": "dev"}])
+            )  # fmt: skip
+            assert phase == "Failed", log
+            assert f"owner=0 group={GROUP} mode=660" in log, log  # it has the device
+            assert "Permission denied" in log
+            assert all(written(f, third) != third for _, f in loops)
 
 
 async def test_without_the_runtimes_ownership_option_a_device_spec_stays_roots(

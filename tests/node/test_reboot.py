@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from powerdev.devtools import testing
-from powerdev.devtools.cluster.nodepods import RESOURCE_API, busybox_pod, device_class
+from powerdev.devtools.cluster.nodepods import RESOURCE_API, busybox_pod
 from powerdev.devtools.testing import is_root
 from tests.node.conftest import LIMIT, powerdev
 from tests.node.test_real_pods import GROUP, request
@@ -67,10 +67,8 @@ async def test_after_a_reboot_the_restarted_pod_of_a_claim_finds_its_own_data(
     for file in files:
         file.write_bytes(bytes(1 << 20))
     mark = f"m{secrets.token_hex(4)}"
-    classes = f"{RESOURCE_API}/deviceclasses"
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
-    class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, RESOURCE, DRIVER))
+    class_name = await namespace.device_class(RESOURCE, DRIVER)
     pod = busybox_pod(
         "keeper",
         keep_or_write(mark),
@@ -78,31 +76,27 @@ async def test_after_a_reboot_the_restarted_pod_of_a_claim_finds_its_own_data(
         groups=(GROUP,),
     )
     pod["spec"]["restartPolicy"] = "Always"
-    try:
-        with trio.fail_after(5 * LIMIT), testing.loop_control() as control:
-            nodes = [f"/dev/{control.add(testing.FIRST_LOOP + k)}" for k in range(2)]
-            with attached(list(zip(nodes, files, strict=True))):
-                async with powerdev(real_node, tmp_path, [entry]):
-                    await node_api.create(
-                        claims, {"metadata": {"name": "held"}, "spec": request(class_name)}
-                    )
-                    await node_api.create(namespace.pods, pod)
-                    first = await namespace.wait_log("keeper", lambda t: "ready" in t)
-                    assert "found: \\0" in first, first  # an empty device: it wrote the mark
-                    (held,) = [f for f in files if f.read_bytes()[: len(mark)] == mark.encode()]
-                    other = next(f for f in files if f != held)
-                await real_node.call(real_node.shut_down)
-            # Attached again the other way round: the old numbers are the other file's.
-            with attached(list(zip(nodes, reversed(files), strict=True))):
-                # started before the node's parts, as a DaemonSet's pod may be
-                async with powerdev(real_node, tmp_path, [entry], registered=False):
-                    await real_node.call(real_node.boot)
-                    restarted = await node_api.wait_for(namespace.pods, "keeper", _restarted)
-                    attempt = restarted["status"]["containerStatuses"][0]["restartCount"]
-                    log = await namespace.wait_log("keeper", lambda t: "found:" in t, attempt)
-        assert f"found: {mark} on" in log, log
-        assert other.read_bytes() == bytes(1 << 20)  # the device with the old numbers: untouched
-        assert held.read_bytes()[: len(mark)] == mark.encode()
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
-            await node_api.delete(f"{classes}/{class_name}")
+    with trio.fail_after(5 * LIMIT), testing.loop_control() as control:
+        nodes = [f"/dev/{control.add(testing.FIRST_LOOP + k)}" for k in range(2)]
+        with attached(list(zip(nodes, files, strict=True))):
+            async with powerdev(real_node, tmp_path, [entry]):
+                await node_api.create(
+                    claims, {"metadata": {"name": "held"}, "spec": request(class_name)}
+                )
+                await node_api.create(namespace.pods, pod)
+                first = await namespace.wait_log("keeper", lambda t: "ready" in t)
+                assert "found: \\0" in first, first  # an empty device: it wrote the mark
+                (held,) = [f for f in files if f.read_bytes()[: len(mark)] == mark.encode()]
+                other = next(f for f in files if f != held)
+            await real_node.call(real_node.shut_down)
+        # Attached again the other way round: the old numbers are the other file's.
+        with attached(list(zip(nodes, reversed(files), strict=True))):
+            # started before the node's parts, as a DaemonSet's pod may be
+            async with powerdev(real_node, tmp_path, [entry], registered=False):
+                await real_node.call(real_node.boot)
+                restarted = await node_api.wait_for(namespace.pods, "keeper", _restarted)
+                attempt = restarted["status"]["containerStatuses"][0]["restartCount"]
+                log = await namespace.wait_log("keeper", lambda t: "found:" in t, attempt)
+    assert f"found: {mark} on" in log, log
+    assert other.read_bytes() == bytes(1 << 20)  # the device with the old numbers: untouched
+    assert held.read_bytes()[: len(mark)] == mark.encode()

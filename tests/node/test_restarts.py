@@ -18,7 +18,6 @@ import trio
 from powerdev.devtools.cluster.nodepods import (
     RESOURCE_API,
     busybox_pod,
-    device_class,
     keep_writing,
     loop_devices,
     write_and_read,
@@ -62,61 +61,55 @@ def resources() -> list[dict]:
 async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_goes_with_it(
     real_node, node_api, namespace, tmp_path
 ):
-    classes = f"{RESOURCE_API}/deviceclasses"
     claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
-    class_name = f"{namespace.name}-dev"
-    await node_api.create(classes, device_class(class_name, DRA, DRIVER))
-    try:
-        with trio.fail_after(4 * LIMIT), loop_devices(tmp_path, 2) as loops:
-            async with powerdev(real_node, tmp_path, resources()) as first:
-                await allocatable(node_api, real_node, PLUGIN, 1)
-                claim = await node_api.create(
-                    claims, {"metadata": {"name": "held"}, "spec": request(class_name)}
-                )
-                spec = real_node.cdi_dir / f"{DRIVER}-{claim['metadata']['uid']}.json"
-                pod = busybox_pod(
-                    "runner",
-                    keep_writing("/dev/loop30[01]"),
+    class_name = await namespace.device_class(DRA, DRIVER)
+    with trio.fail_after(4 * LIMIT), loop_devices(tmp_path, 2) as loops:
+        async with powerdev(real_node, tmp_path, resources()) as first:
+            await allocatable(node_api, real_node, PLUGIN, 1)
+            claim = await node_api.create(
+                claims, {"metadata": {"name": "held"}, "spec": request(class_name)}
+            )
+            spec = real_node.cdi_dir / f"{DRIVER}-{claim['metadata']['uid']}.json"
+            pod = busybox_pod(
+                "runner",
+                keep_writing("/dev/loop30[01]"),
+                resources={"limits": {PLUGIN: "1"}},
+                claims=[{"name": "dev", "resourceClaimName": "held"}],
+                groups=(GROUP,),
+            )
+            await node_api.create(namespace.pods, pod)
+            await namespace.running("runner")
+            seen = await namespace.count_passes("runner", 0)
+            assert "/dev/loop301" in await wait_for_file(spec, lambda t: "loop301" in t)
+
+            restarted = time.time()
+            await real_node.call(real_node.restart_kubelet)
+            seen = await namespace.count_passes("runner", seen)
+            # powerdev registered again with the new kubelet
+            await wait_for_file(
+                tmp_path / "status.json", partial(registered_since, PLUGIN, restarted)
+            )
+
+            first.kill()  # SIGKILL: no cleanup at all
+            await first.wait()
+        async with powerdev(real_node, tmp_path, resources()):
+            seen = await namespace.count_passes("runner", seen)
+            status = json.loads(spec.read_text())  # still there, still the same device
+            assert "/dev/loop301" in json.dumps(status)
+
+            await namespace.delete_pod("runner")
+            await wait_gone(spec)  # unprepared: nothing holds the claim
+            for _, backing in loops:
+                assert int(backing.read_bytes()[:8]) >= seen
+
+            # The device plugin's device is free again: a new pod gets it.
+            text = f"again-{secrets.token_hex(3)}"
+            phase, log = await namespace.run_pod(
+                busybox_pod(
+                    "again",
+                    write_and_read("/dev/loop300", text),
                     resources={"limits": {PLUGIN: "1"}},
-                    claims=[{"name": "dev", "resourceClaimName": "held"}],
-                    groups=(GROUP,),
                 )
-                await node_api.create(namespace.pods, pod)
-                await namespace.running("runner")
-                seen = await namespace.count_passes("runner", 0)
-                assert "/dev/loop301" in await wait_for_file(spec, lambda t: "loop301" in t)
-
-                restarted = time.time()
-                await real_node.call(real_node.restart_kubelet)
-                seen = await namespace.count_passes("runner", seen)
-                # powerdev registered again with the new kubelet
-                await wait_for_file(
-                    tmp_path / "status.json", partial(registered_since, PLUGIN, restarted)
-                )
-
-                first.kill()  # SIGKILL: no cleanup at all
-                await first.wait()
-            async with powerdev(real_node, tmp_path, resources()):
-                seen = await namespace.count_passes("runner", seen)
-                status = json.loads(spec.read_text())  # still there, still the same device
-                assert "/dev/loop301" in json.dumps(status)
-
-                await namespace.delete_pod("runner")
-                await wait_gone(spec)  # unprepared: nothing holds the claim
-                for _, backing in loops:
-                    assert int(backing.read_bytes()[:8]) >= seen
-
-                # The device plugin's device is free again: a new pod gets it.
-                text = f"again-{secrets.token_hex(3)}"
-                phase, log = await namespace.run_pod(
-                    busybox_pod(
-                        "again",
-                        write_and_read("/dev/loop300", text),
-                        resources={"limits": {PLUGIN: "1"}},
-                    )
-                )
-                assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
-                assert written(loops[0][1], text) == text
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(LIMIT):
-            await node_api.delete(f"{classes}/{class_name}")
+            )
+            assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
+            assert written(loops[0][1], text) == text

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -529,18 +530,19 @@ async def running(
 
 
 @contextlib.contextmanager
-def in_thread(root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = ()):
-    """run() on a Trio loop of its own, in a thread; yields the ControlPlane,
-    and on the way out stops it and raises if a process did not stop cleanly."""
+def service_in_thread(service: Callable[..., Awaitable[None]], name: str) -> Iterator[Any]:
+    """A Trio service (started with nursery.start(service)) on a loop of its
+    own, in a thread named `name`; yields what it reported started, and on
+    the way out cancels it, waits for its end and raises what it raised."""
     started = threading.Event()
-    box: dict[str, object] = {}
+    box: dict[str, Any] = {}
 
     async def host() -> None:
         box["token"] = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as scope:
             box["scope"] = scope
             async with trio.open_nursery() as nursery:
-                box["plane"] = await nursery.start(partial(run, root, tools, hosts=hosts))
+                box["value"] = await nursery.start(service)
                 started.set()
 
     def main() -> None:
@@ -551,24 +553,30 @@ def in_thread(root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = ()
         finally:
             started.set()
 
-    thread = threading.Thread(target=main, name="control-plane", daemon=True)
+    thread = threading.Thread(target=main, name=name, daemon=True)
     thread.start()
     started.wait()
     if "error" in box:
         thread.join()
-        raise box["error"]  # type: ignore[misc]
-    plane: ControlPlane = box["plane"]  # type: ignore[assignment]
+        raise box["error"]
     try:
-        yield plane
+        yield box["value"]
     finally:
-        scope: trio.CancelScope = box["scope"]  # type: ignore[assignment]
-        trio.from_thread.run_sync(scope.cancel, trio_token=box["token"])  # type: ignore[arg-type]
+        trio.from_thread.run_sync(box["scope"].cancel, trio_token=box["token"])
         thread.join()
         if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        problems = [p for c in plane.components if (p := c.stop_problem())]
-        if problems:
-            raise ControlPlaneError("\n".join(problems))
+            raise box["error"]
+
+
+@contextlib.contextmanager
+def in_thread(root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = ()):
+    """run() on a Trio loop of its own, in a thread; yields the ControlPlane,
+    and on the way out stops it and raises if a process did not stop cleanly."""
+    with service_in_thread(partial(run, root, tools, hosts=hosts), "control-plane") as plane:
+        yield plane
+    problems = [p for c in plane.components if (p := c.stop_problem())]
+    if problems:
+        raise ControlPlaneError("\n".join(problems))
 
 
 async def _main(root: Path) -> None:

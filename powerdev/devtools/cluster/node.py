@@ -40,7 +40,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -560,39 +559,10 @@ async def _run_node(
 def in_thread(root: Path, tools: dict[str, Path], *, hosts: tuple[str, ...] = ()) -> Iterator[Node]:
     """run() on a Trio loop of its own, in a thread (a session's fixture);
     yields the Node, and stops everything on the way out."""
-    started = threading.Event()
-    box: dict[str, object] = {}
-
-    async def host() -> None:
-        with trio.CancelScope() as scope:
-            box["scope"] = scope
-            box["token"] = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                box["node"] = await nursery.start(partial(run, root, tools, hosts=hosts))
-                started.set()
-
-    def main() -> None:
-        try:
-            trio.run(host)
-        except BaseException as err:  # handed to the caller's thread
-            box["error"] = err
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=main, name="real-node", daemon=True)
-    thread.start()
-    started.wait()
-    if "error" in box:
-        thread.join()
-        raise box["error"]  # type: ignore[misc]
-    try:
-        yield box["node"]  # type: ignore[misc]
-    finally:
-        scope: trio.CancelScope = box["scope"]  # type: ignore[assignment]
-        trio.from_thread.run_sync(scope.cancel, trio_token=box["token"])  # type: ignore[arg-type]
-        thread.join()
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
+    with controlplane.service_in_thread(
+        partial(run, root, tools, hosts=hosts), "real-node"
+    ) as node:
+        yield node
 
 
 async def _main(root: Path) -> None:
