@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         cdi_spec_dir=args.cdi_spec_dir,
         pod_resources_socket=args.pod_resources_socket,
         cdi_recheck_interval=args.cdi_recheck_interval,
+        health_interval=args.health_interval,
         udev=udev,
         resource_name=args.resource_name,
         socket_name=args.socket_name,

@@ -76,7 +76,15 @@ def _run(sub: argparse._SubParsersAction) -> None:
         type=seconds_between(0.01, 3600),
         default=env("CDI_RECHECK_INTERVAL", "30"),
         help="while a CDI spec keeps devices only because pods may hold them, ask the kubelet "
-        "again this often [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
+        "again this often, in seconds [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
+    )
+    run.add_argument(
+        "--health-interval",
+        type=seconds_between(0, 3600),
+        default=env("HEALTH_INTERVAL", "5"),
+        help="read what each device says of its own health (multipath paths, SCSI and NVMe "
+        "state, NX-GZIP credits) again this often, in seconds; 0: only at device events "
+        "[env POWERDEV_HEALTH_INTERVAL; default 5]",
     )
 
     _dra(run)

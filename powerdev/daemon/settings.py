@@ -52,6 +52,8 @@ class Settings:
     # and so never forget a device a CDI spec once named).
     pod_resources_socket: Path | None = Path(DEFAULT_POD_RESOURCES_SOCKET)
     cdi_recheck_interval: float = 30.0  # seconds between asks while a spec keeps held devices
+    # seconds between reads of what devices say of their own health (0: only at events)
+    health_interval: float = 5.0
     # udev's database (devices/udevdb.py), for properties and identities
     udev: UdevDatabase | None = None
     # The flat config form's resource and socket names (the command line's).

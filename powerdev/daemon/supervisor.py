@@ -158,6 +158,8 @@ async def run(
             await running.dra.resume()  # and what claims hold, before any Allocate
             for source in sources:
                 nursery.start_soon(_follow, source, running, nursery)
+            if settings.health_interval > 0:
+                nursery.start_soon(_recheck_health, running, settings.health_interval)
             nursery.start_soon(
                 running.ledger.follow_pods, running.pods.held_ids, settings.cdi_recheck_interval
             )
@@ -384,12 +386,29 @@ def _apply(batch: list[DeviceEvent] | str, running: Running, nursery: trio.Nurse
         changes = running.table.host_tables_changed()
     else:
         changes = apply_events(running.table, batch, trackers)  # type: ignore[arg-type]
-    for tracker in trackers:
-        tracker.follow(changes)
+    _spread(changes, running)
+
+
+def _spread(changes: Changes, running: Running) -> None:
+    """What changed in the node's table, to every resource and the ledger."""
+    plugins = list(running.plugins)
+    for plugin in plugins:
+        if plugin.tracker is not None:
+            plugin.tracker.follow(changes)
     running.ledger.settle()
-    for plugin in plugins:  # whatever changed it: the events, or the ledger's rulings
+    for plugin in plugins:  # whatever changed it: the table, or the ledger's rulings
         if plugin.inventory.version != _logged.get(id(plugin)):
             _log_devices(plugin)
+
+
+async def _recheck_health(running: Running, interval: float) -> None:
+    """Every `interval` seconds, what each device says of its own health,
+    read again (condition.py): some of it changes without a device event."""
+    while True:
+        await trio.sleep(interval)
+        changes = await running.table.recheck()
+        if changes:
+            _spread(changes, running)
 
 
 async def _follow(events: EventSource, running: Running, nursery: trio.Nursery) -> None:

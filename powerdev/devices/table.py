@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import trio
 
 from powerdev.devices import identity, special
+from powerdev.devices.condition import UNWATCHED, Condition, condition
 from powerdev.devices.discovery import Dirs, probe
 from powerdev.devices.family import NO_FAMILY, Family, Key, family
 from powerdev.devices.inuse import (
@@ -63,6 +64,7 @@ class Facts:
     family: Family = NO_FAMILY
     # the block devices whose change can change host_use (for invalidation)
     host_group: frozenset[Number] = frozenset()
+    condition: Condition = UNWATCHED  # what it says of its own health (condition.py)
 
     @property
     def identity_text(self) -> str | None:
@@ -374,6 +376,9 @@ class DeviceTable:
         if old == facts:
             return
         self._touch(key)
+        was = old.condition if old is not None else UNWATCHED
+        if (was.level, was.why) != (facts.condition.level, facts.condition.why):
+            self._say_condition(key, facts, was)
         before = old.family.overlapping if old is not None else frozenset()
         if old is not None:
             self._unlink(key, old)
@@ -388,6 +393,16 @@ class DeviceTable:
             changes.keys.add(key)
             # the devices that joined or left its family see it from their side
             changes.keys.update(k for k in before ^ facts.family.overlapping if k in self._names)
+
+    def _say_condition(self, key: Key, facts: Facts, was: Condition) -> None:
+        """A device's condition changed: said once, with its names."""
+        now = facts.condition
+        name = facts.kernel_name or describe_key(key)
+        names = ", ".join(self.names(key))
+        if now.fine:
+            log.info("%s (%s) is fine again (it was %s)", name, names, was.describe())
+        else:
+            log.warning("%s (%s) is %s (it was %s)", name, names, now.describe(), was.describe())
 
     def _unlink(self, key: Key, old: Facts, changes: Changes | None = None) -> None:
         if old.identity is not None:
@@ -526,6 +541,41 @@ class DeviceTable:
                 self._set_facts(key, fact, changes)
         return changes
 
+    def watched(self) -> list[tuple[Key, str | None]]:
+        """The devices whose condition sysfs says, with their kernel names."""
+        return [
+            (key, facts.kernel_name)
+            for key, facts in self._facts.items()
+            if facts.condition.watched and key in self._names
+        ]
+
+    async def recheck(self) -> Changes:
+        """Read the condition of every watched device again, in a worker
+        thread (some of what it reads changes without an event: a SCSI
+        device set offline, credits used). A device that changed meanwhile
+        keeps what its later look found."""
+        watched = self.watched()
+        if not watched:
+            return Changes()
+        self._gen += 1
+        since = self._gen
+        self._surveys += 1
+        try:
+            found = await trio.to_thread.run_sync(
+                read_conditions, self.sys_root, self.dev_root, watched
+            )
+        finally:
+            self._surveys -= 1
+        changes = Changes()
+        for key, now in found.items():
+            facts = self._facts.get(key)
+            if facts is None or facts.condition == now or self._since.get(key, 0) > since:
+                continue
+            self._set_facts(key, replace(facts, condition=now), changes)
+        if not self._surveys:
+            self._since.clear()
+        return changes
+
     @contextmanager
     def one_look(self) -> Iterator[None]:
         """Within, every look and event reads sysfs through one topology: a
@@ -565,6 +615,18 @@ class DeviceTable:
     def _identity_of(self, key: Key) -> tuple[str, str] | None:
         facts = self._facts.get(key)
         return facts.identity if facts is not None else None
+
+
+def read_conditions(
+    sys_root: Path, dev_root: Path, devices: Iterable[tuple[Key, str | None]]
+) -> dict[Key, Condition]:
+    """The condition of each device now, through one topology (a worker thread's)."""
+    topology = BlockTopology(sys_root, dev_root)
+    return {key: condition(topology, key, kernel) for key, kernel in devices}
+
+
+def describe_key(key: Key) -> str:
+    return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
 
 
 @dataclass
@@ -665,5 +727,6 @@ def observe(
             host_use=use.reason_of(key) if use is not None else None,
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),
+            condition=condition(topology, key, kernel_names[key]),
         )
     return result

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from powerdev import __version__
+from powerdev.devices.condition import LEVELS
 from powerdev.ops import oplog
 
 if TYPE_CHECKING:
@@ -234,10 +235,23 @@ class _Present:
             "re-registering (a kubelet restart, say, is being followed)",
             labels=["resource", "state"],
         )
+        conditions = GaugeMetricFamily(
+            "powerdev_device_condition",
+            "Devices listed for a resource, by what each says of its own health: fine, "
+            "degraded (works with less to spare: some paths down) or failed (Unhealthy)",
+            labels=["resource", "condition"],
+        )
+        paths = GaugeMetricFamily(
+            "powerdev_device_paths",
+            "Paths of a multipath device listed for a resource, by state (running, "
+            "offline, transport-offline, blocked...)",
+            labels=["resource", "device", "state"],
+        )
         for plugins, status in self.served:
             for plugin in plugins:
                 name = plugin.resource.name
                 listed = plugin.inventory.current.devices
+                _conditions(plugin, listed, conditions, paths)
                 healthy = sum(d.healthy for d in listed)
                 devices.add_metric([name, "healthy"], healthy)
                 devices.add_metric([name, "unhealthy"], len(listed) - healthy)
@@ -248,7 +262,33 @@ class _Present:
                 state = status.resources.get(name, {}).get("state", "waiting")
                 for each in STATES:
                     states.add_metric([name, each], 1.0 if state == each else 0.0)
-        return [devices, units, states]
+        return [devices, units, states, conditions, paths]
+
+
+def _conditions(
+    plugin: Plugin,
+    listed: Sequence[Any],
+    conditions: GaugeMetricFamily,
+    paths: GaugeMetricFamily,
+) -> None:
+    """Each listed device once (by its first name), by its condition."""
+    name = plugin.resource.name
+    counts = dict.fromkeys(LEVELS, 0)
+    tracker = plugin.tracker
+    seen = set()
+    for device in listed:
+        if device.key in seen:
+            continue
+        seen.add(device.key)
+        condition = tracker.table.facts(device.key).condition if tracker is not None else None
+        if condition is None:
+            counts[LEVELS[0]] += 1
+            continue
+        counts[condition.level] += 1
+        for state, n in condition.path_counts().items():
+            paths.add_metric([name, device.path, state], n)
+    for level, n in counts.items():
+        conditions.add_metric([name, level], n)
 
 
 _PRESENT = _Present()

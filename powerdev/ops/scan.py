@@ -20,6 +20,7 @@ from pathlib import Path
 
 from powerdev.config import Config, ResourceConfig
 from powerdev.devices import gomatch
+from powerdev.devices.condition import Condition
 from powerdev.devices.family import Key
 from powerdev.devices.model import Device
 from powerdev.devices.table import DeviceTable, HostFiles
@@ -35,7 +36,7 @@ from powerdev.resources.matching import (
     why_nothing,
 )
 from powerdev.resources.ownership import Ledger
-from powerdev.resources.verdict import Case, judge
+from powerdev.resources.verdict import UNHEALTHY, Case, judge
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Report:
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (host path, why)
     # host path -> the names of its family: "same", "below", "above"
     families: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # host path -> what the device says of its health (condition.py)
+    conditions: dict[str, Condition] = field(default_factory=dict)
 
 
 def warnings(config: Config, reports: list[Report], dev_root: Path, sys_root: Path) -> list[str]:
@@ -84,6 +87,7 @@ def scan(
                 continue
             report.advertised.append(device)
             report.families[path] = _family(table, device.key)
+            report.conditions[path] = table.facts(device.key).condition
             listed.setdefault(device.key, path)
         for key, path in listed.items():
             ledger.add_listing(resource.name, key, path)
@@ -125,9 +129,12 @@ def _judge(
         allow_host_used=resource.allow_host_used,
         each=resource.allocation == "each",
         has_partitions=facts.has_partitions,
+        failed=facts.condition.why if facts.condition.failed else None,
         rivals=ledger.rivals(resource.name, key, path),
     )
     verdict = judge(case, listed=False)
+    if verdict.state == UNHEALTHY:  # listed, and granted to nobody
+        return replace(device, healthy=False), verdict.reason
     if not verdict.offered:
         return None, verdict.reason
     return device, ""
@@ -172,6 +179,12 @@ def as_text(reports: list[Report]) -> str:
                 f"identity {d.identity or '-'}  numa {'-' if d.numa is None else d.numa}  "
                 f"{'Healthy' if d.healthy else 'Unhealthy'}"
             )
+            condition = report.conditions.get(d.path)
+            if condition is not None and not condition.fine:
+                lines.append(f"    {condition.describe()}")
+            if condition is not None and condition.paths:
+                counts = ", ".join(f"{n} {state}" for state, n in condition.path_counts().items())
+                lines.append(f"    paths: {counts}")
             family = report.families.get(d.path)
             if family:
                 said = "; ".join(f"{_HOW[k]} {', '.join(v)}" for k, v in family.items())
@@ -189,7 +202,12 @@ def as_json(reports: list[Report]) -> str:
                 "allocation": r.allocation,
                 "api": r.api,
                 "advertised": [
-                    {**asdict(d), "family": r.families.get(d.path, {})} for d in r.advertised
+                    {
+                        **asdict(d),
+                        "family": r.families.get(d.path, {}),
+                        "condition": _condition(r.conditions.get(d.path)),
+                    }
+                    for d in r.advertised
                 ],
                 "left_out": [{"path": p, "reason": why} for p, why in r.left_out],
             }
@@ -197,3 +215,14 @@ def as_json(reports: list[Report]) -> str:
         ],
         indent=2,
     )
+
+
+def _condition(condition: Condition | None) -> dict[str, object]:
+    if condition is None:
+        return {"level": "fine"}
+    said: dict[str, object] = {"level": condition.level}
+    if condition.why:
+        said["why"] = condition.why
+    if condition.paths:
+        said["paths"] = condition.path_counts()
+    return said

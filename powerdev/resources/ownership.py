@@ -48,7 +48,7 @@ from typing import Protocol
 import trio
 
 from powerdev.config import Config, ConfigError, ResourceConfig
-from powerdev.devices.table import DeviceTable
+from powerdev.devices.table import DeviceTable, describe_key
 from powerdev.devices.udevdb import UdevDatabase
 from powerdev.resources.index import Index
 from powerdev.resources.matching import candidates, reaches
@@ -60,10 +60,6 @@ DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
 # Seconds from an Allocate answer to the kubelet's PodResources surely
 # listing the grant (it records it as it reads the answer).
 GRANT_SETTLES = 1.0
-
-
-def describe_key(key: Key) -> str:
-    return f"{'block' if key[0] == 'b' else 'char'} {key[1]}:{key[2]}"
 
 
 @dataclass(frozen=True, slots=True)

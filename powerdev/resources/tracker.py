@@ -325,6 +325,7 @@ class Tracker:
             and facts.literal_only is None
             and (facts.host_use is None or resource.allow_host_used)
             and not (facts.has_partitions and resource.allocation == "each")
+            and not facts.condition.failed
             and (self.ledger is None or self.ledger.quiet(key, resource.name))
             and special.by_path(key[0], path) is None
         ):
@@ -350,6 +351,7 @@ class Tracker:
             allow_host_used=resource.allow_host_used,
             each=resource.allocation == "each",
             has_partitions=facts.has_partitions,
+            failed=facts.condition.why if facts.condition.failed else None,
             renumbered=renumbered,
             rivals=rivals,
             held=held,
