@@ -33,7 +33,7 @@ def scsi(root: Path, name: str, dev: str, lun: int, state: str = "running", **sp
     return root / "devices" / device / "state"
 
 
-def san(root: Path) -> dict[str, Path]:
+def san(root: Path, kpartx: bool = True) -> dict[str, Path]:
     """A multipath LUN over two SCSI paths (sdd, sde) with a kpartx
     partition map (dm-4), a plain SCSI disk with a partition and an sg
     node (sdx), and an LVM volume on that partition (dm-9)."""
@@ -44,9 +44,12 @@ def san(root: Path) -> dict[str, Path]:
     }
     add_device(
         root, "virtual/block", "dm-3", "253:3", slaves=["sdd", "sde"], uuid="mpath-3600a",
-        holders=["dm-4"],
+        holders=["dm-4"] if kpartx else [],
     )  # fmt: skip
-    add_device(root, "virtual/block", "dm-4", "253:4", slaves=["dm-3"], uuid="part1-mpath-3600a")
+    if kpartx:
+        add_device(
+            root, "virtual/block", "dm-4", "253:4", slaves=["dm-3"], uuid="part1-mpath-3600a"
+        )
     (root / "devices/virtual/block/dm-3/dm/suspended").write_text("0\n")
     sdx = f"{HOST}/target1:0:2/1:0:2:0"
     add_device(root, f"{sdx}/block/sdx", "sdx1", "8:241", partition=True, holders=["dm-9"])
