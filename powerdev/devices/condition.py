@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from powerdev.devices.inuse import BlockTopology
 
@@ -69,6 +69,9 @@ class Condition:
     # by kernel name, with the state each is in
     paths: tuple[tuple[str, str], ...] = ()
     watched: bool = False  # something in sysfs says how it is: look again later
+    # the state files it was read from, with what each said: a recheck reads
+    # only these, and looks again in full only when one says something else
+    read: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def fine(self) -> bool:
@@ -85,80 +88,128 @@ class Condition:
     def describe(self) -> str:
         return self.level if self.fine else f"{self.level}: {self.why}"
 
+    def unchanged(self) -> bool:
+        """Does every state file it was read from say what it said?"""
+        return all(_read(path) == said for path, said in self.read)
+
 
 UNWATCHED = Condition()
 
 
 def condition(topology: BlockTopology, key: Key, kernel_name: str | None) -> Condition:
     """The device's condition now, as sysfs says (read once a topology)."""
-    return topology.once(("condition", key), lambda: _condition(topology, key, kernel_name))
+    return topology.once(("condition", key), lambda: _Look(topology).device(key, kernel_name))
 
 
-def _condition(topology: BlockTopology, key: Key, kernel_name: str | None) -> Condition:
-    if key[0] == "b":
-        name = topology.name((key[1], key[2]))
-        return _block(topology, name, 0) if name is not None else UNWATCHED
-    if kernel_name == NX_GZIP:
-        return _credits(topology)
-    here = _char_dir(topology, key)
-    if here is None:
+class _Look:
+    """One device's condition, read through a topology, with the state files
+    it read."""
+
+    def __init__(self, topology: BlockTopology) -> None:
+        self.topology = topology
+        self.sys = str(topology.sys_root)
+        self.read: list[tuple[str, str]] = []
+
+    def state(self, path: str) -> str | None:
+        text = _read(path)
+        if text is not None:
+            self.read.append((path, text))
+            return text.strip()
+        return None
+
+    def device(self, key: Key, kernel_name: str | None) -> Condition:
+        if key[0] == "b":
+            name = self.topology.name((key[1], key[2]))
+            found = self.block(name, 0) if name is not None else UNWATCHED
+        elif kernel_name == NX_GZIP:
+            found = self.credits()
+        else:
+            found = self.char(key)
+        if not found.watched:
+            return UNWATCHED
+        return replace(found, read=tuple(self.read))
+
+    def char(self, key: Key) -> Condition:
+        try:
+            here = os.path.realpath(f"{self.sys}/dev/char/{key[1]}:{key[2]}", strict=True)
+        except (OSError, ValueError):
+            return UNWATCHED
+        for state_file in (f"{here}/state", f"{here}/device/state"):
+            state = self.state(state_file)
+            if state is not None:
+                return _one_state(state)
         return UNWATCHED
-    for state_file in (f"{here}/state", f"{here}/device/state"):
-        state = _read(state_file)
+
+    def block(self, name: str, depth: int) -> Condition:
+        disk = self.topology.disk(name)
+        if disk is not None and depth < 8:
+            found = self.block(disk, depth + 1)
+            if found.fine:
+                return found
+            return Condition(found.level, f"its disk {disk}: {found.why}", found.paths, True)
+        here = f"{self.sys}/class/block/{name}"
+        if os.path.exists(f"{here}/dm"):
+            return self.map(name, here, depth)
+        if os.path.exists(f"{here}/multipath"):
+            paths = [
+                (path, self.state(f"{here}/multipath/{path}/device/state") or UNKNOWN)
+                for path in _names(f"{here}/multipath")
+            ]
+            return _paths(paths)
+        state = self.state(f"{here}/device/state")
         if state is not None:
-            return _one_state(state.strip())
-    return UNWATCHED
+            return _one_state(state)
+        return UNWATCHED
 
+    def map(self, name: str, here: str, depth: int) -> Condition:
+        if self.state(f"{here}/dm/suspended") == "1":
+            return Condition(
+                FAILED, "its device-mapper map is suspended: I/O to it waits", (), True
+            )
+        slaves = self.topology.slaves(name) if depth < 8 else ()
+        if (_read(f"{here}/dm/uuid") or "").startswith("mpath-"):
+            return _paths([(slave, self.path_state(slave, depth)) for slave in slaves])
+        worst = Condition(watched=True)
+        for slave in slaves:
+            found = self.block(slave, depth + 1)
+            if _RANK[found.level] > _RANK[worst.level]:
+                worst = Condition(
+                    found.level, f"it lies on {slave}: {found.why}", found.paths, True
+                )
+        return worst
 
-def _block(topology: BlockTopology, name: str, depth: int) -> Condition:
-    disk = topology.disk(name)
-    if disk is not None and depth < 8:
-        found = _block(topology, disk, depth + 1)
-        if found.fine:
-            return found
-        return Condition(found.level, f"its disk {disk}: {found.why}", found.paths, True)
-    here = f"{topology.sys_root}/class/block/{name}"
-    if os.path.exists(f"{here}/dm"):
-        return _map(topology, name, here, depth)
-    if os.path.exists(f"{here}/multipath"):
-        paths = [
-            (path, (_read(f"{here}/multipath/{path}/device/state") or "").strip())
-            for path in _names(f"{here}/multipath")
-        ]
-        return _paths(paths)
-    state = _read(f"{here}/device/state")
-    if state is not None:
-        return _one_state(state.strip())
-    return UNWATCHED
+    def path_state(self, name: str, depth: int) -> str:
+        """A multipath map's path, in one word: its SCSI or NVMe state, or
+        (a map under a map) its level; "unknown" where sysfs says nothing."""
+        state = self.state(f"{self.sys}/class/block/{name}/device/state")
+        if state is not None:
+            return state
+        found = self.block(name, depth + 1)
+        if not found.watched:
+            return UNKNOWN
+        return "running" if found.fine else found.level
 
-
-def _map(topology: BlockTopology, name: str, here: str, depth: int) -> Condition:
-    if (_read(f"{here}/dm/suspended") or "").strip() == "1":
-        return Condition(FAILED, "its device-mapper map is suspended: I/O to it waits", (), True)
-    slaves = topology.slaves(name) if depth < 8 else ()
-    if (_read(f"{here}/dm/uuid") or "").startswith("mpath-"):
-        return _paths([(slave, _path_state(topology, slave, depth)) for slave in slaves])
-    worst = Condition(watched=True)
-    for slave in slaves:
-        found = _block(topology, slave, depth + 1)
-        if _RANK[found.level] > _RANK[worst.level]:
-            worst = Condition(found.level, f"it lies on {slave}: {found.why}", found.paths, True)
-    return worst
-
-
-def _path_state(topology: BlockTopology, name: str, depth: int) -> str:
-    """A multipath map's path, in one word: its SCSI or NVMe state, or
-    (a map under a map) its level; "unknown" where sysfs says nothing."""
-    state = _read(f"{topology.sys_root}/class/block/{name}/device/state")
-    if state is not None:
-        return state.strip()
-    found = _block(topology, name, depth + 1)
-    if not found.watched:
-        return UNKNOWN
-    return "running" if found.fine else found.level
+    def credits(self) -> Condition:
+        """NX-GZIP: its credit pools, where sysfs has them (PowerVM)."""
+        root = f"{self.sys}/{VAS_GZIP}"
+        free: dict[str, tuple[int, int]] = {}
+        for pool in _POOLS:
+            total = _number(self.state(f"{root}/{pool}/nr_total_credits"))
+            used = _number(self.state(f"{root}/{pool}/nr_used_credits"))
+            if total is not None and used is not None:
+                free[pool.removesuffix("_capabilities")] = (total - used, total)
+        if not free:
+            return UNWATCHED  # PowerNV, or no VAS: nothing to count
+        said = ", ".join(f"{pool} {max(left, 0)} of {n} free" for pool, (left, n) in free.items())
+        if all(left <= 0 for left, _ in free.values()):
+            return Condition(FAILED, f"no free credit: a window open fails ({said})", (), True)
+        if free.get("default", (1, 1))[0] <= 0:
+            return Condition(DEGRADED, f"no free credit in the default pool ({said})", (), True)
+        return Condition(FINE, "", (), True)
 
 
 UNKNOWN = "unknown"
+SUSPENDED = "its device-mapper map is suspended: I/O to it waits"
 _WORKING = {UNKNOWN, DEGRADED}  # path words that still carry I/O, besides fine states
 
 
@@ -188,43 +239,18 @@ def _one_state(state: str) -> Condition:
     return Condition(level, f"state {state}", (), True)
 
 
-def _char_dir(topology: BlockTopology, key: Key) -> str | None:
-    link = f"{topology.sys_root}/dev/char/{key[1]}:{key[2]}"
-    try:
-        return os.path.realpath(link, strict=True)
-    except (OSError, ValueError):
-        return None
-
-
-def _credits(topology: BlockTopology) -> Condition:
-    """NX-GZIP: its credit pools, where sysfs has them (PowerVM)."""
-    root = f"{topology.sys_root}/{VAS_GZIP}"
-    free: dict[str, tuple[int, int]] = {}
-    for pool in _POOLS:
-        total, used = (
-            _number(f"{root}/{pool}/nr_total_credits"),
-            _number(f"{root}/{pool}/nr_used_credits"),
-        )
-        if total is not None and used is not None:
-            free[pool.removesuffix("_capabilities")] = (total - used, total)
-    if not free:
-        return UNWATCHED  # PowerNV, or no VAS: nothing to count
-    said = ", ".join(
-        f"{pool} {max(left, 0)} of {total} free" for pool, (left, total) in free.items()
-    )
-    if all(left <= 0 for left, _ in free.values()):
-        return Condition(FAILED, f"no free credit: a window open fails ({said})", (), True)
-    if free.get("default", (1, 1))[0] <= 0:
-        return Condition(DEGRADED, f"no free credit in the default pool ({said})", (), True)
-    return Condition(FINE, "", (), True)
-
-
 def _read(path: str) -> str | None:
+    """A small sysfs file's text (os calls: a recheck reads thousands)."""
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _names(directory: str) -> list[str]:
@@ -234,8 +260,7 @@ def _names(directory: str) -> list[str]:
         return []
 
 
-def _number(path: str) -> int | None:
-    text = _read(path)
+def _number(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
     except ValueError:

@@ -537,14 +537,16 @@ class DeviceTable:
             topology = self._topology()
         observed = self._observe(keys, topology, self._host_use())
         for key, fact in observed.items():
+            self._touch(key)  # looked at now: a slower look begun before does not undo it
             if self._facts.get(key) != fact:
                 self._set_facts(key, fact, changes)
         return changes
 
-    def watched(self) -> list[tuple[Key, str | None]]:
-        """The devices whose condition sysfs says, with their kernel names."""
+    def watched(self) -> list[tuple[Key, str | None, Condition]]:
+        """The devices whose condition sysfs says, with their kernel names
+        and their condition as last read."""
         return [
-            (key, facts.kernel_name)
+            (key, facts.kernel_name, facts.condition)
             for key, facts in self._facts.items()
             if facts.condition.watched and key in self._names
         ]
@@ -561,9 +563,7 @@ class DeviceTable:
         since = self._gen
         self._surveys += 1
         try:
-            found = await trio.to_thread.run_sync(
-                read_conditions, self.sys_root, self.dev_root, watched
-            )
+            found = await trio.to_thread.run_sync(read_again, self.sys_root, self.dev_root, watched)
         finally:
             self._surveys -= 1
         changes = Changes()
@@ -617,12 +617,20 @@ class DeviceTable:
         return facts.identity if facts is not None else None
 
 
-def read_conditions(
-    sys_root: Path, dev_root: Path, devices: Iterable[tuple[Key, str | None]]
+def read_again(
+    sys_root: Path, dev_root: Path, devices: Iterable[tuple[Key, str | None, Condition]]
 ) -> dict[Key, Condition]:
-    """The condition of each device now, through one topology (a worker thread's)."""
-    topology = BlockTopology(sys_root, dev_root)
-    return {key: condition(topology, key, kernel) for key, kernel in devices}
+    """In a worker thread: the condition of each device whose state files
+    say something else now, read again in full, through one topology."""
+    topology = None
+    found = {}
+    for key, kernel, was in devices:
+        if was.unchanged():
+            continue
+        if topology is None:
+            topology = BlockTopology(sys_root, dev_root)
+        found[key] = condition(topology, key, kernel)
+    return found
 
 
 def describe_key(key: Key) -> str:

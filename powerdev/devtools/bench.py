@@ -41,6 +41,9 @@ from typing import Any
 import trio
 
 from powerdev.config import DEFAULT_RESOURCE_NAME as RESOURCE
+from powerdev.devices.condition import condition
+from powerdev.devices.inuse import BlockTopology
+from powerdev.devices.table import read_again
 from powerdev.devices.uevents import NetlinkEvents
 from powerdev.devtools import stepwatch, uevent_bench
 from powerdev.devtools.devicemanager import DeviceManager
@@ -93,6 +96,7 @@ class Plan:
     dra_publications: int = 5
     dra_changes: int = 20
     claims: int = 100
+    health_passes: int = 20  # reads of every multipath map's paths (condition.py)
 
 
 QUICK = Plan(
@@ -109,6 +113,7 @@ QUICK = Plan(
     dra_publications=2,
     dra_changes=3,
     claims=5,
+    health_passes=3,
 )
 
 
@@ -689,6 +694,63 @@ async def report(results: Results, json_path: Path | None, say: Callable[[str], 
         say(f"wrote {json_path}")
 
 
+def multipath_sysfs(root: Path, maps: int) -> list[tuple[str, int, int]]:
+    """A sysfs tree of `maps` multipath maps, each over two SCSI paths, as
+    the kernel lays it out; the maps' keys."""
+    block = root / "class" / "block"
+    block.mkdir(parents=True)
+    keys = []
+    for i in range(maps):
+        for leg in (0, 1):
+            device = root / "devices" / "host0" / f"0:0:{i}:{leg}"
+            disk = device / "block" / f"sd{i}x{leg}"
+            disk.mkdir(parents=True)
+            (device / "state").write_text("running\n")
+            (disk / "device").symlink_to(device)
+            (block / disk.name).symlink_to(disk)
+        mpath = root / "devices" / "virtual" / "block" / f"dm-{i}"
+        (mpath / "dm").mkdir(parents=True)
+        (mpath / "dm" / "uuid").write_text(f"mpath-3600a{i:08x}\n")
+        (mpath / "dm" / "suspended").write_text("0\n")
+        (mpath / "slaves").mkdir()
+        for leg in (0, 1):
+            (mpath / "slaves" / f"sd{i}x{leg}").symlink_to(block / f"sd{i}x{leg}")
+        (block / mpath.name).symlink_to(mpath)
+        (root / "dev" / "block").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / "block" / f"253:{i}").symlink_to(mpath)
+        keys.append(("b", 253, i))
+    return keys
+
+
+async def measure_health(n: int, plan: Plan, results: Results, say: Callable[[str], None]) -> None:
+    """One recheck of what devices say of their health (--health-interval):
+    its worker thread's read of every multipath map's paths, from a tree of
+    n maps over 2n SCSI paths."""
+    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
+        root = Path(tmp) / "sys"
+        keys = multipath_sysfs(root, n)
+        topology = BlockTopology(root)
+        watched = [(key, None, condition(topology, key, None)) for key in keys]
+        assert all(c.path_counts() == {"running": 2} for _, _, c in watched)
+        samples, changed = [], []
+        for i in range(plan.health_passes):
+            began = time.perf_counter()
+            assert not await trio.to_thread.run_sync(read_again, root, Path(tmp), watched)
+            samples.append(time.perf_counter() - began)
+            # one path of one map goes offline: that map is read again in full
+            state = root / "devices" / "host0" / f"0:0:{i % n}:1" / "state"
+            state.write_text("offline\n")
+            began = time.perf_counter()
+            found = await trio.to_thread.run_sync(read_again, root, Path(tmp), watched)
+            changed.append(time.perf_counter() - began)
+            assert len(found) == 1 and next(iter(found.values())).level == "degraded"
+            state.write_text("running\n")
+    figures, one = spread(samples), spread(changed)
+    results.add("health recheck, nothing changed (worker thread)", n, **figures)
+    results.add("health recheck, one path offline (worker thread)", n, **one)
+    say(f"  {n} multipath maps (2 paths each): a recheck {figures}; one path offline {one}")
+
+
 async def run_bench(
     plan: Plan, json_path: Path | None = None, say: Callable[[str], None] = print
 ) -> Results:
@@ -703,6 +765,9 @@ async def run_bench(
         for n in plan.sizes:
             say(f"measuring device events with {n} block nodes (host-use rule on)")
             await measure_device_events(n, plan, results, say)
+        for n in plan.sizes:
+            say(f"measuring the health recheck with {n} multipath maps")
+            await measure_health(n, plan, results, say)
         say("measuring uevents with real loop devices")
         await measure_uevents(plan, results, say)
         binary = DMHARNESS.find()
