@@ -244,6 +244,7 @@ class Running:
         # it serves (the kubelet not up yet) cancels it all the same.
         self._scopes[resource.name] = trio.CancelScope()
         self._watch()
+        metrics.resource_served(resource.name)
         metrics.rescan(resource.name, "start")
         try:
             await scan(plugin)

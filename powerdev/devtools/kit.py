@@ -2,8 +2,9 @@
 
 `bash conformance/build` builds the kit (the kubelet's device manager
 harness, its DRA manager harness, the CDI library's checker, a one-node
-control plane, kubectl, a real node's kubelet, containerd and runc, and
-actionlint for the workflows) from Go modules
+control plane, kubectl, a real node's kubelet, containerd and runc,
+promtool for the alert rules, and actionlint for the workflows) from Go
+modules
 into conformance/bin/ of this checkout. Each binary may instead be named by
 its environment variable; a variable that is set is the only place looked
 at, so that a wrong path is reported rather than hidden by an older build.
@@ -54,6 +55,7 @@ DRAHARNESS = KitBinary(
     "draharness", "POWERDEV_DRAHARNESS", "the kubelet's DRA manager and plugin manager harness"
 )
 CDICHECK = KitBinary("cdicheck", "POWERDEV_CDICHECK", "the CDI library's checker")
+PROMTOOL = KitBinary("promtool", "POWERDEV_PROMTOOL", "Prometheus's promtool")
 TOOLS = {
     tool.name: tool
     for tool in (

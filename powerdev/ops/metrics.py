@@ -114,6 +114,9 @@ LAST_GOOD_CONFIG = Gauge(
 )
 for _result in ("applied", "rejected"):
     RELOADS.labels(_result)
+REFUSALS = ("unknown_id", "unhealthy_id", "other")
+REGISTER_FAILURE_KINDS = ("unreachable", "refused")
+RESCAN_CAUSES = ("start", "interval", "event", "sighup", "config")
 
 STATES = ("waiting", "serving", "registered", "re-registering")
 _next_cause: dict[str, str] = {}  # resource -> why its next registration happens
@@ -128,6 +131,25 @@ def next_registration(resource: str, cause: str) -> None:
     if cause not in CAUSES:
         raise ValueError(f"not a registration cause: {cause!r}")
     _next_cause[resource] = cause
+
+
+def resource_served(resource: str) -> None:
+    """Every counter of a resource, at zero from the start: a rate or an
+    increase over a series that appears only at its first count misses
+    that count."""
+    for cause in CAUSES:
+        REGISTRATIONS.labels(resource, cause)
+    for kind in REGISTER_FAILURE_KINDS:
+        REGISTER_FAILURES.labels(resource, kind)
+    for reason in REFUSALS:
+        ALLOCATE_REFUSALS.labels(resource, reason)
+    for cause in RESCAN_CAUSES:
+        RESCANS.labels(resource, cause)
+    LIST_MESSAGES.labels(resource)
+    ALLOCATE_CALLS.labels(resource)
+    ALLOCATE_SECONDS.labels(resource)
+    for client in ("kubelet", "other"):
+        STREAMS.labels(resource, client)
 
 
 def registered(resource: str) -> None:
@@ -182,6 +204,9 @@ def refusal_reason(plugin: Plugin, requests: Sequence[Sequence[str]]) -> str:
 
 
 EVENT_SOURCES = ("kernel", "udev", "inotify", "host_use", "other")
+for _source in EVENT_SOURCES:
+    EVENTS.labels(_source)
+    EVENT_BATCHES.labels(_source)
 
 
 def events_received(source: str, batch: object) -> None:

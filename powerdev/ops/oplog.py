@@ -90,7 +90,7 @@ def _said(
     if removed:
         parts.append(f"removed {names(removed, most)}")
     if sick:
-        parts.append(f"Unhealthy (another device now under the name): {names(sick, most)}")
+        parts.append(f"Unhealthy: {names(sick, most)}")
     if well:
         parts.append(f"Healthy again: {names(well, most)}")
     if not parts:

@@ -55,7 +55,7 @@ def listing(**health: bool) -> dict[str, bool]:
         (
             listing(sda=True, sdb=True),
             listing(sda=False, sdb=True),
-            "Unhealthy (another device now under the name): sda; now 2 devices (1 Unhealthy)",
+            "Unhealthy: sda; now 2 devices (1 Unhealthy)",
         ),
         (listing(sda=False), listing(sda=True), "Healthy again: sda; now 1 device"),
         (listing(sda=True), listing(sda=True), None),
@@ -90,7 +90,7 @@ def test_the_device_log_follows_an_inventory_by_the_paths_it_changed():
     inventory.update({"/dev/sda": Device("sda", "/dev/sda", "b", 8, 0, healthy=False)})
     assert (
         follow()
-        == "Unhealthy (another device now under the name): sda; now 2 devices (1 Unhealthy)"
+        == "Unhealthy: sda; now 2 devices (1 Unhealthy)"
     )
     inventory.update({"/dev/sda": None, "/dev/sdc": None})  # sdc was never listed
     assert follow() == "removed sda; now 1 device"
