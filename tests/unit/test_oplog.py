@@ -88,10 +88,7 @@ def test_the_device_log_follows_an_inventory_by_the_paths_it_changed():
     inventory.update({"/dev/sdb": sdb})
     assert follow() == "added sdb; now 2 devices"
     inventory.update({"/dev/sda": Device("sda", "/dev/sda", "b", 8, 0, healthy=False)})
-    assert (
-        follow()
-        == "Unhealthy: sda; now 2 devices (1 Unhealthy)"
-    )
+    assert follow() == "Unhealthy: sda; now 2 devices (1 Unhealthy)"
     inventory.update({"/dev/sda": None, "/dev/sdc": None})  # sdc was never listed
     assert follow() == "removed sda; now 1 device"
     inventory.update({"/dev/sdb": sdb})  # the same device: not a change
