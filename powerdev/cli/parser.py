@@ -197,7 +197,14 @@ def _scan(sub: argparse._SubParsersAction) -> None:
         "--config",
         type=Path,
         default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
-        help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+        help="the config.json to check; a missing file is an error (exit 2) unless "
+        f"--defaults-if-missing [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
+    scan.add_argument(
+        "--defaults-if-missing",
+        action="store_true",
+        help="when the --config file does not exist, check the defaults `run` would use "
+        "instead of failing",
     )
     scan.add_argument("--json", action="store_true", help="print JSON instead of text")
     _plugin_dir(scan)
