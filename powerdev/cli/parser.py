@@ -17,6 +17,7 @@ from powerdev.cli.options import (
     env,
     metrics_address,
     one_of,
+    positive_seconds,
     seconds_between,
 )
 from powerdev.config import DEFAULT_CONFIG_PATH, DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
@@ -55,6 +56,7 @@ def _run(sub: argparse._SubParsersAction) -> None:
         f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     _common(run)
+    _uevents(run)
     _host_views(run)
     run.add_argument(
         "--cdi-spec-dir",
@@ -74,17 +76,20 @@ def _run(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--cdi-recheck-interval",
         type=seconds_between(0.01, 3600),
+        metavar="SECONDS",
         default=env("CDI_RECHECK_INTERVAL", "30"),
         help="while a CDI spec keeps devices only because pods may hold them, ask the kubelet "
-        "again this often, in seconds [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
+        "again this often, in seconds from 0.01 to 3600 [env POWERDEV_CDI_RECHECK_INTERVAL; "
+        "default 30 seconds]",
     )
     run.add_argument(
         "--health-interval",
         type=seconds_between(0, 3600),
+        metavar="SECONDS",
         default=env("HEALTH_INTERVAL", "5"),
         help="read what each device says of its own health (multipath paths, SCSI and NVMe "
-        "state, NX-GZIP credits) again this often, in seconds; 0: only at device events "
-        "[env POWERDEV_HEALTH_INTERVAL; default 5]",
+        "state, NX-GZIP credits) again this often, in seconds up to 3600; 0: only at device "
+        "events [env POWERDEV_HEALTH_INTERVAL; default 5 seconds]",
     )
 
     _dra(run)
@@ -230,9 +235,11 @@ def _health(sub: argparse._SubParsersAction) -> None:
     )
     health.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds(3600),
+        metavar="SECONDS",
         default=3.0,
-        help="seconds to wait for the plugin's socket to answer [default 3]",
+        help="how long to wait for the plugin's socket to answer, in seconds above 0 "
+        "[default 3 seconds]",
     )
     _choice(
         health,
@@ -253,10 +260,12 @@ def _local(sub: argparse._SubParsersAction) -> None:
         "--config", type=Path, default=None, help="use this config.json instead of the demo one"
     )
     _common(local)
+    _uevents(local)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    """What every daemon-side command takes: logging, names, the host's /dev and /sys."""
+    """What every daemon-side command takes: logging, names, the host's /dev and /sys;
+    each reads all of them (a test checks scan's)."""
     _choice(
         p,
         "--log-level",
@@ -290,6 +299,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="where the host's /dev is visible, e.g. /host/dev; reported paths "
         "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
     )
+    p.add_argument(
+        "--sys-root",
+        type=Path,
+        default=Path(env("SYS_ROOT", "/sys")),
+        help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
+    )
+
+
+def _uevents(p: argparse.ArgumentParser) -> None:
+    """The device events a running daemon follows: run and local (scan looks
+    once and follows nothing)."""
     _choice(
         p,
         "--uevents",
@@ -297,12 +317,6 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=env("UEVENTS", "auto"),
         help="device events to follow: udev (links made; needs /run/udev), kernel, "
         "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
-    )
-    p.add_argument(
-        "--sys-root",
-        type=Path,
-        default=Path(env("SYS_ROOT", "/sys")),
-        help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
     )
 
 
