@@ -52,7 +52,8 @@ def _run(sub: argparse._SubParsersAction) -> None:
         "--config",
         type=Path,
         default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
-        help="config.json in the seed's format; a missing file means defaults "
+        help="config.json, in IBM's plugin's format or as a resources list; a missing file "
+        "means the defaults "
         f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     _common(run)
@@ -193,10 +194,11 @@ def _bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _scan(sub: argparse._SubParsersAction) -> None:
-    """`powerdev scan`: the config checker and what it would advertise here."""
+    """`powerdev scan`: the config checker and what it would advertise on this node."""
     scan = sub.add_parser(
         "scan",
-        help="print what each resource would advertise here, and what is left out and why",
+        help="check a config.json and print what each resource would advertise on this node, "
+        "and what is left out and why",
     )
     scan.add_argument(
         "--config",
