@@ -1,5 +1,7 @@
 """The command line's parser: one function per sub-command, and the option
-groups they share. Every option has an environment variable (POWERDEV_...)."""
+groups they share. Every setting has an environment variable (POWERDEV_...);
+a command's own switches (scan's --json and --defaults-if-missing, health's
+--ready, bench's) do not. A command lists only the options it reads."""
 
 from __future__ import annotations
 
