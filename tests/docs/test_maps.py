@@ -157,3 +157,22 @@ def test_no_page_speaks_of_the_machine_it_was_written_on(page):
     text = page.read_text()
     found = [w for w in NOT_FOR_A_READER if re.search(w, text, re.I)]
     assert not found, f"{page.relative_to(ROOT)}: {found}"
+
+
+def test_the_options_table_lists_every_option_of_run_with_its_variable():
+    """configuration.md's "Options of `powerdev run`": a row per option,
+    named with the environment variable the parser reads."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text[text.index("## Options of `powerdev run`") :]
+    section = section[: section.index("\n## ")]
+    rows = dict(re.findall(r"^\| `(--[\w-]+)` \| `(\w+)` \|", section, re.M))
+    parser = cli.build_parser()
+    (group,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    run = group.choices["run"]
+    listed = {a.option_strings[-1]: a for a in run._actions if a.dest != "help"}
+    assert set(listed) - set(rows) == set(), "options of run the table leaves out"
+    assert set(rows) - set(listed) == set(), "in the table, but not an option of run"
+    for flag, variable in rows.items():
+        assert f"[env {variable};" in (listed[flag].help or "") or (
+            f"[env {variable}," in (listed[flag].help or "")
+        ), f"{flag}: the table says {variable}, its help says otherwise"
