@@ -12,13 +12,19 @@
 #
 # Base: Debian 12 "bookworm" slim with CPython 3.11, the official Python image,
 # which is published for all four architectures (UBI 9 Python is too, but is
-# larger and needs a Red Hat registry). Pinned to an exact tag; pin a digest
-# in your own build pipeline for fully reproducible images. It already has
-# libudev1, which pyudev loads: apt (Priority: required) depends on
-# libapt-pkg6.0, which depends on libudev1. Where no registry can be reached,
-# PYTHON_IMAGE names a base made from Debian's own packages instead (python3,
-# python3-pip, libudev1; see docs/image.md).
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# larger and needs a Red Hat registry). The tag is the minor one: it moves to
+# each new 3.11 patch release and is rebuilt when Debian publishes security
+# fixes, so a build today gets today's fixes (an exact tag such as 3.11.11
+# is never rebuilt once 3.11.12 is out). The release workflow pins it: it
+# looks up the tag's digest and builds with
+#   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
+# so a release names the one base it was built on; do the same in your own
+# pipeline for reproducible images. It already has libudev1, which pyudev
+# loads: apt (Priority: required) depends on libapt-pkg6.0, which depends on
+# libudev1. Where no registry can be reached, PYTHON_IMAGE names a base made
+# from Debian's own packages instead (python3, python3-pip, libudev1; see
+# docs/image.md).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src

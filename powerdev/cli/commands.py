@@ -24,6 +24,7 @@ def load_checked(args: argparse.Namespace, udev: UdevDatabase, plugin_dir: Path 
     then one device to one resource (ConfigError for any)."""
     from powerdev.resources import ownership
 
+    _check_dev_root(args.dev_root)
     config = load_config(
         args.config, resource_name=args.resource_name, socket_name=args.socket_name
     )
@@ -161,15 +162,17 @@ def local(args: argparse.Namespace) -> int:
     from powerdev.devtools import local as local_runner  # the fake kubelet: never in the daemon
 
     os.umask(0o077)
-    if args.config is not None:  # named by the user: it must exist and be good
-        try:
+    try:
+        if args.config is not None:  # named by the user: it must exist and be good
             if not args.config.is_file():
                 raise ConfigError(
                     str(args.config), None, "does not exist", "give the path of a config.json"
                 )
             load_checked(args, Pyudev(), None)
-        except ConfigError as err:
-            return _say("bad config", err, BAD_CONFIG)
+        else:
+            _check_dev_root(args.dev_root)
+    except ConfigError as err:
+        return _say("bad config", err, BAD_CONFIG)
     trio.run(
         supervisor.run_until_signalled,
         partial(
@@ -193,6 +196,8 @@ def scan(args: argparse.Namespace) -> int:
 
     udev = Pyudev()
     try:
+        if not args.defaults_if_missing:
+            _check_config_exists(args.config)
         config = load_checked(args, udev, args.plugin_dir)
     except ConfigError as err:
         return _say("bad config", err, BAD_CONFIG)
@@ -246,6 +251,34 @@ def bench(args: argparse.Namespace) -> int:
 def _say(what: str, err: Exception, code: int) -> int:
     print(f"powerdev: {what}: {err}", file=sys.stderr)
     return code
+
+
+def _check_config_exists(path: Path) -> None:
+    """What a checker says of a config file that is not there: `run` takes
+    the defaults, but a check of a file that was never read checks nothing."""
+    if not path.exists():
+        raise ConfigError(
+            str(path),
+            None,
+            "does not exist",
+            "give the path of the config.json to check with --config (or POWERDEV_CONFIG), "
+            "or pass --defaults-if-missing to check the defaults `run` uses without a file",
+        )
+
+
+def _check_dev_root(dev_root: Path) -> None:
+    """Refuse a --dev-root that is not a directory: every pattern would match
+    nothing, and say so only as 'can match nothing yet'."""
+    if dev_root.is_dir():
+        return
+    problem = "is not a directory" if dev_root.exists() else "does not exist"
+    raise ConfigError(
+        "--dev-root",
+        None,
+        f"{dev_root} {problem}",
+        "point --dev-root (or POWERDEV_DEV_ROOT) at the directory where the host's /dev "
+        "is visible, e.g. /host/dev in the DaemonSet, or /dev on the host",
+    )
 
 
 def _check_socket_paths(plugin_dir: Path, config: Config) -> None:

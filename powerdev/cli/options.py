@@ -48,6 +48,25 @@ def seconds_between(low: float, high: float):
     return convert
 
 
+def positive_seconds(high: float):
+    """An argparse type: a number of seconds above 0, up to high (a wait that
+    cannot end, or ends before it starts, is refused where it is given)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds above 0 and up to {high:g}"
+            )
+        return value
+
+    convert.__name__ = "seconds"
+    return convert
+
+
 def metrics_address(text: str) -> str:
     """An argparse type: HOST:PORT, :PORT or [IPv6]:PORT (bound later)."""
     from powerdev.ops.opsserver import parse_address

@@ -1,5 +1,7 @@
 """The command line's parser: one function per sub-command, and the option
-groups they share. Every option has an environment variable (POWERDEV_...)."""
+groups they share. Every setting has an environment variable (POWERDEV_...);
+a command's own switches (scan's --json and --defaults-if-missing, health's
+--ready, bench's) do not. A command lists only the options it reads."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from powerdev.cli.options import (
     env,
     metrics_address,
     one_of,
+    positive_seconds,
     seconds_between,
 )
 from powerdev.config import DEFAULT_CONFIG_PATH, DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
@@ -51,10 +54,12 @@ def _run(sub: argparse._SubParsersAction) -> None:
         "--config",
         type=Path,
         default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
-        help="config.json in the seed's format; a missing file means defaults "
+        help="config.json, in IBM's plugin's format or as a resources list; a missing file "
+        "means the defaults "
         f"[env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
     )
     _common(run)
+    _uevents(run)
     _host_views(run)
     run.add_argument(
         "--cdi-spec-dir",
@@ -74,17 +79,20 @@ def _run(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--cdi-recheck-interval",
         type=seconds_between(0.01, 3600),
+        metavar="SECONDS",
         default=env("CDI_RECHECK_INTERVAL", "30"),
         help="while a CDI spec keeps devices only because pods may hold them, ask the kubelet "
-        "again this often, in seconds [env POWERDEV_CDI_RECHECK_INTERVAL; default 30]",
+        "again this often, in seconds from 0.01 to 3600 [env POWERDEV_CDI_RECHECK_INTERVAL; "
+        "default 30 seconds]",
     )
     run.add_argument(
         "--health-interval",
         type=seconds_between(0, 3600),
+        metavar="SECONDS",
         default=env("HEALTH_INTERVAL", "5"),
         help="read what each device says of its own health (multipath paths, SCSI and NVMe "
-        "state, NX-GZIP credits) again this often, in seconds; 0: only at device events "
-        "[env POWERDEV_HEALTH_INTERVAL; default 5]",
+        "state, NX-GZIP credits) again this often, in seconds up to 3600; 0: only at device "
+        "events [env POWERDEV_HEALTH_INTERVAL; default 5 seconds]",
     )
 
     _dra(run)
@@ -188,16 +196,24 @@ def _bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _scan(sub: argparse._SubParsersAction) -> None:
-    """`powerdev scan`: the config checker and what it would advertise here."""
+    """`powerdev scan`: the config checker and what it would advertise on this node."""
     scan = sub.add_parser(
         "scan",
-        help="print what each resource would advertise here, and what is left out and why",
+        help="check a config.json and print what each resource would advertise on this node, "
+        "and what is left out and why",
     )
     scan.add_argument(
         "--config",
         type=Path,
         default=Path(env("CONFIG", DEFAULT_CONFIG_PATH)),
-        help=f"the config.json to check [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+        help="the config.json to check; a missing file is an error (exit 2) unless "
+        f"--defaults-if-missing [env POWERDEV_CONFIG; default {DEFAULT_CONFIG_PATH}]",
+    )
+    scan.add_argument(
+        "--defaults-if-missing",
+        action="store_true",
+        help="when the --config file does not exist, check the defaults `run` would use "
+        "instead of failing",
     )
     scan.add_argument("--json", action="store_true", help="print JSON instead of text")
     _plugin_dir(scan)
@@ -223,9 +239,11 @@ def _health(sub: argparse._SubParsersAction) -> None:
     )
     health.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds(3600),
+        metavar="SECONDS",
         default=3.0,
-        help="seconds to wait for the plugin's socket to answer [default 3]",
+        help="how long to wait for the plugin's socket to answer, in seconds above 0 "
+        "[default 3 seconds]",
     )
     _choice(
         health,
@@ -246,10 +264,12 @@ def _local(sub: argparse._SubParsersAction) -> None:
         "--config", type=Path, default=None, help="use this config.json instead of the demo one"
     )
     _common(local)
+    _uevents(local)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    """What every daemon-side command takes: logging, names, the host's /dev and /sys."""
+    """What every daemon-side command takes: logging, names, the host's /dev and /sys;
+    each reads all of them (a test checks scan's)."""
     _choice(
         p,
         "--log-level",
@@ -283,6 +303,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="where the host's /dev is visible, e.g. /host/dev; reported paths "
         "stay /dev/... [env POWERDEV_DEV_ROOT; default /dev]",
     )
+    p.add_argument(
+        "--sys-root",
+        type=Path,
+        default=Path(env("SYS_ROOT", "/sys")),
+        help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
+    )
+
+
+def _uevents(p: argparse.ArgumentParser) -> None:
+    """The device events a running daemon follows: run and local (scan looks
+    once and follows nothing)."""
     _choice(
         p,
         "--uevents",
@@ -290,12 +321,6 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=env("UEVENTS", "auto"),
         help="device events to follow: udev (links made; needs /run/udev), kernel, "
         "auto (udev when udevd runs), off (rescans only) [env POWERDEV_UEVENTS; default auto]",
-    )
-    p.add_argument(
-        "--sys-root",
-        type=Path,
-        default=Path(env("SYS_ROOT", "/sys")),
-        help="where the host's /sys is visible [env POWERDEV_SYS_ROOT; default /sys]",
     )
 
 

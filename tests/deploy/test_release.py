@@ -52,6 +52,12 @@ def project_version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+def dockerfile_base() -> str:
+    """The base image the Dockerfile names by default (ARG PYTHON_IMAGE)."""
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    return base
+
+
 def docs_build_command() -> str:
     (command,) = [
         line
@@ -174,7 +180,7 @@ def test_ci_runs_ci_run_as_root_with_the_kits_go_and_caches():
     assert sorted(go["cache-dependency-path"].split()) == sums
     assert go.get("cache", True) is True
     python = step_using(ci, "actions/setup-python")["with"]["python-version"]
-    assert f"python:{python}." in (ROOT / "Dockerfile").read_text()  # the image's Python
+    assert dockerfile_base() == f"python:{python}-slim-bookworm"  # the image's Python
 
 
 def test_every_secret_the_workflows_use_is_named_in_the_docs():
@@ -274,3 +280,93 @@ def test_the_kit_builds_actionlint_at_the_pinned_version():
     gomod = (ROOT / "conformance" / "actionlint" / "go.mod").read_text()
     assert "tool github.com/rhysd/actionlint/cmd/actionlint" in gomod
     assert re.search(r"github\.com/rhysd/actionlint v\d+\.\d+\.\d+ ", gomod)
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def pin_step(tmp_path: Path, docker: str, dockerfile: str | None = None):
+    """release.yml's base pin, run as the runner would, with a fake `docker`
+    (the script `docker` runs as) and the Dockerfile (or another text);
+    what it printed, what it wrote to GITHUB_OUTPUT, and docker's arguments."""
+    (step,) = [
+        s for s in workflow("release.yml")["jobs"]["image"]["steps"] if s.get("id") == "base"
+    ]
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "docker").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/args\n{docker}\n')
+    (fake / "docker").chmod(0o755)
+    work = tmp_path / "checkout"
+    work.mkdir(exist_ok=True)
+    (work / "Dockerfile").write_text(dockerfile or (ROOT / "Dockerfile").read_text())
+    output = tmp_path / "github-output"
+    output.write_text("")
+    (tmp_path / "args").unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": f"{fake}:/usr/bin:/bin", "GITHUB_OUTPUT": str(output)},
+    )
+    args = (tmp_path / "args").read_text().splitlines() if (tmp_path / "args").exists() else None
+    return done, output.read_text(), args
+
+
+def test_the_base_is_a_tag_that_gets_rebuilds():
+    """A minor tag (python:3.11-slim-bookworm), which moves to each patch
+    release and each Debian security rebuild; never an exact patch tag
+    (3.11.11 is frozen once 3.11.12 is out) nor a digest, which the release
+    adds; and both stages build FROM it, so one build-arg pins both."""
+    assert re.fullmatch(r"python:3\.\d+-slim-[a-z]+", dockerfile_base()), dockerfile_base()
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    assert text.index("ARG PYTHON_IMAGE=") < text.index("FROM ")  # global: a --build-arg sets it
+    docs = (ROOT / "docs" / "image.md").read_text()
+    assert f"`{dockerfile_base()}`" in docs
+    assert f"PYTHON_IMAGE={dockerfile_base()}@sha256:" in docs
+
+
+def test_the_release_builds_on_the_base_pinned_by_its_digest(tmp_path):
+    done, output, args = pin_step(tmp_path, f"echo {DIGEST}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    base = dockerfile_base()
+    assert args == ["buildx", "imagetools", "inspect", base, "--format", "{{ .Manifest.Digest }}"]
+    assert output.splitlines() == [
+        f"image={base}@{DIGEST}",
+        f"name=docker.io/library/{base}",
+        f"digest={DIGEST}",
+    ]
+    image = workflow("release.yml")["jobs"]["image"]["steps"]
+    ids = [s.get("id") for s in image]
+    build = step_using(workflow("release.yml"), "docker/build-push-action")
+    assert ids.index("base") < image.index(build)
+    assert build["with"]["build-args"] == "PYTHON_IMAGE=${{ steps.base.outputs.image }}"
+    labels = build["with"]["labels"].splitlines()
+    assert labels == [
+        "${{ steps.meta.outputs.labels }}",
+        "org.opencontainers.image.base.name=${{ steps.base.outputs.name }}",
+        "org.opencontainers.image.base.digest=${{ steps.base.outputs.digest }}",
+    ]
+
+
+def test_the_release_stops_when_the_base_has_no_digest_or_is_pinned_already(tmp_path):
+    for docker in ("exit 1", "echo", "echo sha256:abc", f"echo {DIGEST}x"):
+        done, output, _ = pin_step(tmp_path, docker)
+        assert done.returncode != 0 and output == "", docker
+        if docker != "exit 1":
+            assert done.stdout.startswith("::error file=Dockerfile::the base image "), docker
+            assert "has no digest that can be read" in done.stdout
+    pinned = (
+        (ROOT / "Dockerfile")
+        .read_text()
+        .replace(
+            f"ARG PYTHON_IMAGE={dockerfile_base()}",
+            f"ARG PYTHON_IMAGE={dockerfile_base()}@{DIGEST}",
+        )
+    )
+    done, output, args = pin_step(tmp_path, f"echo {DIGEST}", pinned)
+    assert done.returncode == 1 and output == "" and args is None
+    assert "must name the base by a tag alone" in done.stdout

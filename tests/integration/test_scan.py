@@ -2,6 +2,7 @@
 out and why; the exit status says whether the config is valid."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def test_scan_says_through_which_api(tmp_path):
 
 
 def test_scan_of_a_bad_config_exits_2_with_one_line(tmp_path):
+    make_dev_tree(tmp_path / "dev", ["acc0"])
     done = scan(tmp_path, {"resources": [{"name": "a.io/x", "allocation": "some"}]})
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
@@ -217,7 +219,10 @@ async def test_scan_says_every_warning_that_run_logs_at_start(tmp_path):
             path.write_text(json.dumps(config))
         elif config is not None:
             path.write_text(config)
-        done = scan(tmp_path, config) if isinstance(config, dict) else scan_file(tmp_path, path)
+        if isinstance(config, dict):
+            done = scan(tmp_path, config)
+        else:  # a missing file is checked only when its defaults are asked for
+            done = scan_file(tmp_path, path, "--defaults-if-missing")
         assert done.returncode == 0, done.stderr
         said = scan_warnings(done)
         assert said == await run_warnings(tmp_path, path), case
@@ -253,3 +258,62 @@ def test_scan_refuses_what_run_refuses_with_the_same_line_and_exit_code(tmp_path
     code, line = said["scan"]
     assert code == 2 and line.count("\n") == 1
     assert "over the 107" in line, line
+
+
+def test_scan_of_a_missing_config_fails_unless_the_defaults_are_asked_for(tmp_path):
+    """A checker that takes a typo for "no file, so defaults" checks nothing:
+    a missing --config or POWERDEV_CONFIG is one line and exit 2, as in
+    `powerdev local`; --defaults-if-missing checks the defaults instead."""
+    make_dev_tree(tmp_path / "dev", ["acc0"])
+    wrong = tmp_path / "wrong" / "config.json"
+    fix = "or pass --defaults-if-missing"
+    done = scan_file(tmp_path, wrong)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"powerdev: bad config: {wrong}: does not exist; ")
+    assert "--config (or POWERDEV_CONFIG)" in line and fix in line
+    from_env = subprocess.run(
+        [sys.executable, "-m", "powerdev", "scan", "--dev-root", str(tmp_path / "dev")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "POWERDEV_CONFIG": str(wrong)},
+    )
+    assert (from_env.returncode, from_env.stderr) == (2, done.stderr)
+    asked = scan_file(tmp_path, wrong, "--defaults-if-missing", "--json")
+    assert asked.returncode == 0, asked.stderr
+    (resource,) = json.loads(asked.stdout)
+    assert resource["resource"] == "power-dev-plugin/dev"
+    assert f"{wrong} does not exist: using the defaults" in asked.stderr
+
+
+def test_a_dev_root_that_is_not_a_directory_is_refused_by_scan_run_and_local(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"include-devices": ["/dev/acc*"]}')
+    (tmp_path / "a-file").write_text("")
+    for dev_root, problem in ((tmp_path / "no-dev", "does not exist"),
+                              (tmp_path / "a-file", "is not a directory")):  # fmt: skip
+        for command in ("scan", "run", "local"):
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "powerdev",
+                    command,
+                    "--config",
+                    str(config),
+                    "--dev-root",
+                    str(dev_root),
+                    *(["--plugin-dir", str(tmp_path / "dp")] if command == "run" else []),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 2, (command, done.stderr)
+            (line,) = done.stderr.splitlines()
+            assert line.startswith(f"powerdev: bad config: --dev-root: {dev_root} {problem}; ")
+            assert "e.g. /host/dev" in line
+    assert not (tmp_path / "dp").exists()
