@@ -1,4 +1,4 @@
-"""The seed's config.json, parsed into frozen settings.
+"""IBM's plugin's config.json, parsed into frozen settings.
 
 Pure functions only: the daemon decides when to read the file, and the
 device code reads the settings. Every error names the file, the field and

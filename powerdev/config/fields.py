@@ -4,7 +4,7 @@ A table names each field, the attribute it sets and the function that reads
 it; each reader checks one field (CDI's four are also checked as a group)
 and raises a ConfigError that names the file, the field and the fix, or
 notes a warning for a harmless mistake. parse.py calls resource_fields()
-for the seed's flat object and for each entry of "resources". Imports
+for IBM's plugin's flat object and for each entry of "resources". Imports
 schema.py, values.py (the one-value checks) and devices/gomatch.py.
 """
 
@@ -177,7 +177,7 @@ def _patterns(entry: Entry, key: str) -> tuple[str, ...]:
                 'write each pattern as a string, like "/dev/sd*"',
             )
         if not item.strip():
-            continue  # the seed drops empty entries too
+            continue  # IBM's plugin drops empty entries too
         problem = pattern_problem(item.strip(), include=key == "include-devices")
         if problem:
             raise entry.error(where, f"{item!r}: {problem}", _FIX_PATTERN)

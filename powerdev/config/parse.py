@@ -1,5 +1,5 @@
 """Reading config.json: the file's bytes, its text, its JSON, and the
-Config they make, in the seed's flat form (one resource, named on the
+Config they make, in IBM's plugin's flat form (one resource, named on the
 command line) or as a "resources" list.
 
 Each resource's own fields are read by fields.py; the checks between
@@ -41,7 +41,7 @@ def load_config(
     socket_name: str = DEFAULT_SOCKET_NAME,
 ) -> Config:
     """Read and parse a config file; a missing file means the defaults, as in
-    the seed, and a warning that says what they mean."""
+    IBM's plugin, and a warning that says what they mean."""
     path = Path(path)
     raw: bytes | None = None
     try:
@@ -73,7 +73,7 @@ def load_config(
 
 def _defaults_warning(why: str) -> str:
     return (
-        f"{why}: using the defaults, as the seed does. They advertise every block device "
+        f"{why}: using the defaults, as IBM's plugin does. They advertise every block device "
         "of the host (disks, partitions, dm-*; not loop, ram or zram) except those the host "
         'mounts, swaps on or holds; write a config.json with "include-devices" to choose'
     )
@@ -117,7 +117,7 @@ def parse_config(
     data = _json_object(text, source)
     if "resources" in data:
         return _parse_resources(data, source)
-    # the seed's flat form: one resource, named on the command line
+    # IBM's plugin's flat form: one resource, named on the command line
     problem = resource_name_problem(resource_name)
     if problem:
         raise ConfigError(

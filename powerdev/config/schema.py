@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 DEFAULT_CONFIG_PATH = "/etc/power-device-plugin/config.json"
 DEFAULT_RESOURCE_NAME = "power-dev-plugin/dev"
 DEFAULT_SOCKET_NAME = "power-dev.csi.ibm.com-reg.sock"
-DEFAULT_SCAN_INTERVAL = 3600.0  # the seed's default for the `time` strategy: 60 minutes
+DEFAULT_SCAN_INTERVAL = 3600.0  # IBM's plugin's default for the `time` strategy: 60 minutes
 MIN_SCAN_INTERVAL = 10.0  # a rescan costs tens of ms at 10,000 devices; events do the rest
 STRATEGIES = ("default", "time")
 # upper-limit N advertises N units. The kubelet takes a ListAndWatch message

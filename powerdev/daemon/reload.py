@@ -138,7 +138,7 @@ class Reloader:
         if seen is None:
             raise _Refused.keeping(f"{path} is gone")
         if not seen.strip():
-            # Empty at start means the seed's defaults; empty now is a file
+            # Empty at start means IBM's plugin's defaults; empty now is a file
             # caught in the middle of a write, or emptied by mistake.
             raise _Refused.keeping(f"{path} is empty")
         try:

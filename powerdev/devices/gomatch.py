@@ -1,6 +1,6 @@
-"""Go's path/filepath Match and Glob, for the seed's patterns.
+"""Go's path/filepath Match and Glob, for IBM's plugin's patterns.
 
-The seed's include and exclude patterns are Go globs, so they mean here what
+IBM's plugin's include and exclude patterns are Go globs, so they mean here what
 they mean in Go: `*` is any run of characters but '/', `?` one character but
 '/', `[...]` a class of characters and ranges, negated by a leading `^` (not
 `!`, which is a plain character), and a backslash makes the next character

@@ -21,7 +21,7 @@ of block nodes made with mknod, numbered as the sd driver numbers its disks
 (so it needs root), and a host mount table. Disk sda carries the host:
 sda1 (a PReP partition, unmounted), sda2 (mounted at /boot) and sda3, an
 LVM physical volume under dm-0 (mounted at /); every fourth other disk has
-two partitions. The resource is the seed's default: every block device.
+two partitions. The resource is IBM's plugin's default: every block device.
 
 Each cycle: a new disk appears (its sysfs entry, then its node, then an
 "add" event); a listed disk gets a "change" event that changes nothing

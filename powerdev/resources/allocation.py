@@ -2,7 +2,7 @@
 
 Plain functions over plain data. Two allocation modes:
 
-- "all" (the seed's): every grant carries every healthy device of the
+- "all" (IBM's plugin's): every grant carries every healthy device of the
   resource: the resource is a ticket to the devices, and its units count how
   many containers may hold one at once. upper-limit 0: one unit per device
   (every name of it: /dev/dm-3 and /dev/mapper/mpatha are one unit), with
