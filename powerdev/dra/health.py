@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import trio
 
 from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
 from powerdev.dra.names import pool_name
 from powerdev.resources.plugin import Plugin
 
@@ -74,16 +75,17 @@ def assess(pool: str, device: str, nodes: Sequence[Node], plugin: Plugin | None)
         names = ", ".join(n[0] for n in nodes) or "it has no node"
         why = "; ".join(elsewhere) or f"{names} no longer on the host"
         return DeviceHealth(pool, device, UNHEALTHY, f"gone: {why}")
-    sick = [d.path for d in ours if not d.healthy]
+    sick = [d for d in ours if not d.healthy]
     if sick:
-        return DeviceHealth(
-            pool,
-            device,
-            UNHEALTHY,
-            f"{', '.join(sick)} not usable now: used by the host, held by another "
-            "resource, or not the device it was",
-        )
+        return DeviceHealth(pool, device, UNHEALTHY, "; ".join(_why(plugin, d) for d in sick))
     return DeviceHealth(pool, device, HEALTHY)
+
+
+def _why(plugin: Plugin, device: Device) -> str:
+    """Why one of its nodes is not usable now: the one verdict's reason."""
+    tracker = plugin.tracker
+    reason = tracker.verdict(device).reason if tracker is not None else ""
+    return f"{device.path}: {reason or 'not usable now'}"
 
 
 def assess_all(

@@ -150,7 +150,8 @@ async def test_a_prepared_block_device_the_host_starts_using_is_unhealthy_until_
                     proc.send_signal(signal.SIGHUP)
                     (status,) = (await wait_health(node, "p1", "Unhealthy"))["c0"]
                     (resource,) = status["resources"]
-                    assert "/dev/dralun not usable now: used by the host" in resource["message"]
+                    said = resource["message"]
+                    assert "/dev/dralun: the host uses it: mounted at /mnt/host" in said, said
                     await api.wait_for(SLICES, first, lambda s: "/dev/dralun" not in published(s))
 
                     # Let go: Healthy, and published again.

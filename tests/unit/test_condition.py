@@ -7,6 +7,7 @@ listed or not; a degraded one is still offered; a change is logged once."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -268,3 +269,25 @@ def test_every_state_of_a_gone_scsi_device_is_failed(tmp_path, state):
     root = tmp_path / "sys"
     scsi(root, "sdq", "65:0", 7, state)
     assert look(root, "b", 65, 0).level == FAILED
+
+
+@needs_root
+def test_scan_shows_what_each_device_says_of_itself(tmp_path):
+    from powerdev.ops.scan import as_json, as_text, scan
+    from tests.conftest import config_for
+
+    root = tmp_path / "sys"
+    states = san(root, kpartx=False)
+    nodes(tmp_path / "dev", {"mapper/mpatha": (253, 3), "sdx": (8, 240)})
+    states["sde"].write_text("offline\n")
+    states["sdx"].write_text("offline\n")
+    config = config_for('{"include-devices": ["/dev/mapper/*", "/dev/sdx"]}')
+    reports = scan(config, tmp_path / "dev", root, None, None)
+    text = as_text(reports)
+    assert "degraded: 1 of 2 paths working (sde offline)" in text, text
+    assert "paths: 1 offline, 1 running" in text or "paths: 1 running, 1 offline" in text, text
+    assert "failed: state offline" in text, text
+    listed = {d["path"]: d for r in json.loads(as_json(reports)) for d in r["advertised"]}
+    assert listed["/dev/sdx"]["healthy"] is False  # listed, and granted to nobody
+    assert listed["/dev/sdx"]["condition"] == {"level": "failed", "why": "state offline"}
+    assert listed["/dev/mapper/mpatha"]["condition"]["paths"] == {"offline": 1, "running": 1}
