@@ -456,16 +456,3 @@ def test_the_podmonitor_scrapes_the_daemonsets_named_port():
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     ports = [p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]]
     assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
-@pytest.mark.parametrize("directory", ["deploy", "deploy/openshift", "deploy/monitoring"])
-def test_every_object_an_overlay_makes_carries_the_label_an_uninstall_can_find(directory):
-    """So that `kubectl get ... -l app.kubernetes.io/part-of=powerdev` finds what
-    a partial uninstall left (a cluster-scoped SCC above all), and no selector
-    or pod template changed because of it."""
-    for doc in kustomize(ROOT / directory):
-        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev", doc["kind"]
-        if doc["kind"] == "DaemonSet":
-            assert doc["spec"]["selector"] == {"matchLabels": {"app": "power-device-plugin"}}
-            assert doc["spec"]["template"]["metadata"]["labels"] == {"app": "power-device-plugin"}
