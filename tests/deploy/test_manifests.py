@@ -32,6 +32,7 @@ KUSTOMIZATIONS = [
     "examples",
     "examples/openshift",
     "examples/dra",
+    "examples/openshift/dra",
 ]
 
 
@@ -133,7 +134,7 @@ def test_kustomizations_build(directory):
         assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
             "seLinuxOptions"
         ] == {"type": "container_device_plugin_t"}
-    if directory == "examples/openshift":
+    if directory in ("examples/openshift", "examples/openshift/dra"):
         for doc in docs:
             if doc["kind"] in ("Pod", "Deployment"):
                 spec = doc["spec"].get("template", doc)["spec"]
