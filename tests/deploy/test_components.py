@@ -29,16 +29,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def components() -> list[str]:
-    """The directories of deploy/ whose kustomization is a Component."""
+def components(under: str = "deploy") -> list[str]:
+    """The directories of deploy/ (or examples/) whose kustomization is a Component."""
     found = []
-    for path in sorted((ROOT / "deploy").glob("*/kustomization.yaml")):
+    for path in sorted((ROOT / under).glob("*/kustomization.yaml")):
         if (yaml.safe_load(path.read_text()) or {}).get("kind") == "Component":
             found.append(path.parent.name)
     return found
 
 
 COMPONENTS = components()
+# Every Component directory, which kubectl would otherwise apply as it is.
+PARTS = [f"deploy/{name}" for name in COMPONENTS] + [
+    f"examples/{n}" for n in components("examples")
+]
 # The overlays an admin applies; the docs add components to the first two, and
 # the webhook's overlays carry the same DaemonSet and ConfigMap.
 OVERLAYS = ["deploy", "deploy/openshift", "deploy/webhook", "deploy/webhook/openshift"]
@@ -210,9 +214,13 @@ def apply_dry_run(directory: Path, tmp_path: Path) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.parametrize("component", COMPONENTS)
+def test_there_are_parts_to_refuse():
+    assert {"deploy/dra", "examples/check"} <= set(PARTS)
+
+
+@pytest.mark.parametrize("component", PARTS)
 def test_a_component_applied_alone_is_refused_before_the_cluster(tmp_path, component):
-    done = apply_dry_run(ROOT / "deploy" / component, tmp_path)
+    done = apply_dry_run(ROOT / component, tmp_path)
     assert done.returncode != 0
     assert "127.0.0.1:9" not in done.stderr, f"{component} alone reached the cluster"
     assert done.stderr.startswith("error: "), done.stderr
