@@ -49,6 +49,7 @@ NAMES = {
     "ResourceClaimTemplate": {"resourceclaimtemplate", "resourceclaimtemplates"},
     "SecurityContextConstraints": {"scc", "securitycontextconstraints"},
     "PodMonitor": {"podmonitor", "podmonitors"},
+    "PrometheusRule": {"prometheusrule", "prometheusrules"},
     "Certificate": {"certificate", "certificates", "cert"},
     "Issuer": {"issuer", "issuers"},
 }

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors
 OPENSHIFT_KINDS = {"SecurityContextConstraints"}  # not in the Kubernetes schemas
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}  # neither: tests/webhook/test_deploy.py checks them
-PROMETHEUS_OPERATOR_KINDS = {"PodMonitor"}  # a CRD too: checked below
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}  # a CRD too: checked below
 KUSTOMIZATIONS = [
     "deploy",
     "deploy/openshift",
@@ -76,6 +76,7 @@ def test_there_is_something_to_check():
         "Pod",
         "PodDisruptionBudget",
         "PodMonitor",
+        "PrometheusRule",
         "ResourceClaimTemplate",
         "Role",
         "RoleBinding",
