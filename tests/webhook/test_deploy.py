@@ -68,7 +68,7 @@ def _duration_hours(text: str) -> int:
 def check_certificate(doc: dict) -> None:
     assert doc["apiVersion"] == "cert-manager.io/v1"
     assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
-    assert set(doc["metadata"]) == {"name", "namespace"}
+    assert {"name", "namespace"} <= set(doc["metadata"]) <= {"name", "namespace", "labels"}
     spec = doc["spec"]
     assert {"secretName", "issuerRef"} <= set(spec)
     for key, value in spec.items():
