@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import os
 import resource
 import socket
 from collections.abc import Callable
@@ -112,9 +113,8 @@ def listen(address: str, option: str, fix: str) -> socket.socket:
         family, _, _, _, where = infos[0]
         return socket.create_server(where, family=family, backlog=BACKLOG)
     except OSError as err:
-        raise ListenError(
-            f"{option}: cannot listen on {address}: {err.strerror or err}; {fix}"
-        ) from None
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise ListenError(f"{option}: cannot listen on {address}: {reason}; {fix}") from None
 
 
 def connection_limit(max_open: int, min_open: int) -> int:
@@ -150,6 +150,10 @@ class OpenConnections:
 
     def __len__(self) -> int:
         return len(self._open)
+
+    def __contains__(self, stream: object) -> bool:
+        """Still counted in: not closed to make room."""
+        return stream in self._open
 
     def add(self, stream: trio.SocketStream, address: str, seconds: float) -> trio.CancelScope:
         """Count `stream` in, closing an old one if the limit says so; the
