@@ -25,9 +25,11 @@ than a bounded number of connections, seconds and bytes:
   Each connection may hold SMALL_BODY bytes of a body; what bodies hold
   beyond that comes from one budget of BUDGET_BODIES times --max-body for
   all the connections together, and a body that finds it spent gets 503.
-  So the memory held for clients is at most about --max-connections times
-  (SMALL_BODY, MAX_HEAD and a TLS connection's buffers) plus the budget,
-  whatever they send: with the defaults, some 30 MiB over the process's own.
+  So the memory held for clients is at most about 150 KiB a connection
+  (SMALL_BODY, the head, a TLS connection's state and buffers), for up to
+  twice --max-connections, plus the budget, whatever they send: with the
+  defaults, some 50 MiB over the process's own (measured by
+  `powerdev bench-webhook`; see docs/webhook.md).
 - Each kind of refusal is logged at most once a minute, with a count.
 
 The edge checks what it can before any JSON is parsed: the path and
@@ -83,8 +85,8 @@ log = logging.getLogger(__name__)
 READY_LINE = "powerdev webhook: serving"
 DRAIN_FACTOR = 4  # an over-limit body up to this many times the limit is read and dropped
 MAX_HEAD = 16 * 1024  # request line and headers; the API server sends a few hundred bytes
-RECEIVE_BYTES = 64 * 1024  # read at most this much at a time
-SMALL_BODY = 64 * 1024  # body bytes any connection may hold; a review is about 1 KiB
+RECEIVE_BYTES = 16 * 1024  # read at most this much at a time (a TLS record)
+SMALL_BODY = 16 * 1024  # body bytes any connection may hold; a review is about 1 KiB
 BUDGET_BODIES = 4  # body bytes beyond SMALL_BODY, for all connections: this many --max-body
 IDLE_SECONDS = 100.0  # a kept-alive connection's wait for its next request (> Go's 90 s)
 MIN_OPEN = 16  # connections kept open however low the descriptor limit
