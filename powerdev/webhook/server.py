@@ -393,8 +393,9 @@ class HttpsServer:
                     self._idle.discard(waiting)
             if waiting.cancelled_caught:
                 return False  # idle too long, or we stop: close, quietly
-            scope.deadline = trio.current_time() + self.settings.request_seconds
             conn.receive_data(data)
+        if kept:  # the next request's own deadline, also when it came with the last one
+            scope.deadline = trio.current_time() + self.settings.request_seconds
         event = await self._next_event(conn, stream)
         if not isinstance(event, h11.Request):
             return False  # the client closed, or ended a kept-alive connection

@@ -301,3 +301,35 @@ async def test_the_key_pair_is_reloaded_when_the_secret_changes(tmp_path, ca, se
             assert await _served_fingerprint(serving.url, client_context(new_ca)) == sha256_of(
                 new_cert
             )
+
+
+async def test_requests_sent_together_on_a_kept_alive_connection_are_each_answered(
+    tmp_path, ca, secret
+):
+    """Three requests in one write (HTTP/1.1 pipelining): three answers, in order."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with trio.fail_after(LIMIT):
+        async with webhook_in_process(settings_for(tmp_path, secret)) as serving:
+            host, port = serving.url.removeprefix("https://").rsplit(":", 1)
+            context = client_context(ca)
+            context.set_alpn_protocols(["http/1.1"])
+            stream = await trio.open_ssl_over_tcp_stream(host, int(port), ssl_context=context)
+            await stream.send_all(request * 2 + b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+            connection = h11.Connection(h11.CLIENT)
+            seen = []
+            for _ in range(3):  # h11 reads an answer to a request it has sent
+                connection.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+                connection.send(h11.EndOfMessage())
+                status = None
+                while True:
+                    event = connection.next_event()
+                    if event is h11.NEED_DATA:
+                        connection.receive_data(await stream.receive_some(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                connection.start_next_cycle()
+                seen.append(status)
+            assert seen == [200, 200, 404]
+            await stream.aclose()
