@@ -19,9 +19,12 @@ def _env(name: str, default: str) -> str:
 def add_parsers(sub: argparse._SubParsersAction, log_levels: tuple[str, ...]) -> None:
     from powerdev.webhook.config import (
         DEFAULT_CERT_DIR,
+        DEFAULT_HANDSHAKE_SECONDS,
         DEFAULT_LISTEN,
         DEFAULT_MAX_BODY,
+        DEFAULT_MAX_CONNECTIONS,
         DEFAULT_NAMESPACE,
+        DEFAULT_REQUEST_SECONDS,
         DEFAULT_WEBHOOK_CONFIG,
     )
 
@@ -59,6 +62,29 @@ def add_parsers(sub: argparse._SubParsersAction, log_levels: tuple[str, ...]) ->
         default=_env("MAX_BODY", str(DEFAULT_MAX_BODY)),
         help="largest request body accepted, in bytes "
         f"[env POWERDEV_WEBHOOK_MAX_BODY; default {DEFAULT_MAX_BODY}]",
+    )
+    hook.add_argument(
+        "--max-connections",
+        type=int,
+        default=_env("MAX_CONNECTIONS", str(DEFAULT_MAX_CONNECTIONS)),
+        help="connections kept open; past this a new one closes the oldest of the client "
+        "holding the most (at most a quarter of the descriptor limit) "
+        f"[env POWERDEV_WEBHOOK_MAX_CONNECTIONS; default {DEFAULT_MAX_CONNECTIONS}]",
+    )
+    hook.add_argument(
+        "--request-seconds",
+        type=float,
+        default=_env("REQUEST_SECONDS", str(DEFAULT_REQUEST_SECONDS)),
+        help="seconds a request has, from its first byte to the answer sent; then the "
+        "connection is closed "
+        f"[env POWERDEV_WEBHOOK_REQUEST_SECONDS; default {DEFAULT_REQUEST_SECONDS:g}]",
+    )
+    hook.add_argument(
+        "--handshake-seconds",
+        type=float,
+        default=_env("HANDSHAKE_SECONDS", str(DEFAULT_HANDSHAKE_SECONDS)),
+        help="seconds a TLS handshake has from the connection "
+        f"[env POWERDEV_WEBHOOK_HANDSHAKE_SECONDS; default {DEFAULT_HANDSHAKE_SECONDS:g}]",
     )
     hook.add_argument(
         "--drain-seconds",
@@ -110,6 +136,9 @@ def main(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         max_body=args.max_body,
         drain_seconds=args.drain_seconds,
+        max_connections=args.max_connections,
+        request_seconds=args.request_seconds,
+        handshake_seconds=args.handshake_seconds,
     )
     try:
         prepared = server.prepare(settings)
@@ -118,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     except KeyPairError as err:
         print(f"powerdev webhook: bad key pair: {err}", file=sys.stderr)
+        return 2
+    except server.ListenError as err:
+        print(f"powerdev webhook: {err}", file=sys.stderr)
         return 2
 
     def say(line: str) -> None:
@@ -132,6 +164,12 @@ def _settings_problem(args: argparse.Namespace) -> str | None:
         return f"--max-body {args.max_body}: too small for any review; use at least 1024"
     if not 0 <= args.drain_seconds <= 60:
         return f"--drain-seconds {args.drain_seconds}: use 0 to 60"
+    if not 1 <= args.max_connections <= 65536:
+        return f"--max-connections {args.max_connections}: use 1 to 65536"
+    if not 0 < args.request_seconds <= 300:
+        return f"--request-seconds {args.request_seconds:g}: use more than 0, at most 300"
+    if not 0 < args.handshake_seconds <= 60:
+        return f"--handshake-seconds {args.handshake_seconds:g}: use more than 0, at most 60"
     _host, colon, port = args.listen.rpartition(":")
     if not colon or not port.isdigit() or int(port) > 65535:
         return f"--listen {args.listen!r}: use HOST:PORT, like 0.0.0.0:8443"

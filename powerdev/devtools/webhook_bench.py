@@ -1,28 +1,45 @@
 """`powerdev bench-webhook`: the real `powerdev webhook` process on a TLS
-socket on 127.0.0.1 (certificates from a throwaway test CA), asked by httpx
-as the API server asks: AdmissionReviews, one after another, on a kept-alive
-HTTP/2 connection, and on a new connection each (handshake included). It
-reports review latency (p50, p99, max) per pod shape and the process's RSS
-before and after. It asserts nothing; `--json` writes the figures."""
+socket on 127.0.0.1 (certificates from a test CA made for the run), asked
+by httpx as the API server asks: AdmissionReviews, one after another, on a
+kept-alive connection (HTTP/2 offered, HTTP/1.1 answered), and on a new
+connection each (handshake included). It reports review latency (p50, p99,
+max) per pod shape and the process's RSS before and after.
+
+Then the hostile clients: HOSTILE TLS connections that each send the head
+of a review of the largest body the webhook takes (3 MiB, --max-body) and
+all of that body but its last byte, and then wait. It reports the highest
+RSS seen while they are open (sampled every RSS_EVERY seconds for at most
+HOLD_SECONDS), how many the webhook ended within that time, and the
+latency of reviews on new connections meanwhile. It asserts nothing;
+`--json` writes the figures."""
 
 from __future__ import annotations
 
 import json
 import platform
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from powerdev.devtools.bench import percentile
 from powerdev.devtools.testing import rss_kib
 
+if TYPE_CHECKING:
+    import trustme
+
 WAIT_LIMIT = 60.0
 READY = "powerdev webhook: serving"
+HOSTILE = 60  # connections
+HOSTILE_BODY = 3 * 1024 * 1024  # the webhook's default --max-body
+HOLD_SECONDS = 15.0  # past the webhook's request deadline (10 s by default)
+RSS_EVERY = 0.1
 
 
 def _container(name: str, resources: dict | None, env: int = 0) -> dict:
@@ -105,6 +122,92 @@ async def _wait_ready(stderr: trio.abc.ReceiveStream) -> str:
                     return line.split()[-1]
 
 
+async def _hostile(url: str, ca: trustme.CA, pid: int, body: bytes, reviews: int) -> list[dict]:
+    """HOSTILE connections holding unfinished 3 MiB bodies: the highest RSS
+    while they are open, how many the webhook ends, and reviews meanwhile."""
+    import httpx
+
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    head = (
+        "POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {HOSTILE_BODY}\r\n\r\n"
+    ).encode()
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    hostile_context = ssl.create_default_context()
+    ca.configure_trust(hostile_context)
+    hostile_context.set_alpn_protocols(["http/1.1"])
+    sent = trio.Event()
+    all_ended = trio.Event()
+    ready = 0
+    ended = 0
+    rss_max = 0
+
+    async def one() -> None:
+        nonlocal ready, ended
+        tcp = await trio.open_tcp_stream(host, int(port))
+        stream = trio.SSLStream(tcp, hostile_context, server_hostname=host)
+        try:
+            await stream.send_all(head + b" " * (HOSTILE_BODY - 1))
+        except trio.BrokenResourceError:
+            pass  # refused before the body was all sent
+        ready += 1
+        if ready == HOSTILE:
+            sent.set()
+        try:
+            while await stream.receive_some(65536):
+                pass  # an answer (a refusal): read, then the end
+        except trio.BrokenResourceError:
+            pass
+        ended += 1
+        if ended == HOSTILE:
+            all_ended.set()
+        await trio.aclose_forcefully(stream)
+
+    samples: list[float] = []
+    headers = {"content-type": "application/json"}
+    async with trio.open_nursery() as nursery:
+        for _ in range(HOSTILE):
+            nursery.start_soon(one)
+        with trio.fail_after(WAIT_LIMIT):
+            await sent.wait()
+        start = time.monotonic()
+
+        async def sample_rss() -> None:
+            nonlocal rss_max
+            while time.monotonic() - start < HOLD_SECONDS and ended < HOSTILE:
+                rss_max = max(rss_max, rss_kib(pid) or 0)
+                await trio.sleep(RSS_EVERY)
+
+        nursery.start_soon(sample_rss)
+        for _ in range(reviews):
+            began = time.perf_counter()
+            async with httpx.AsyncClient(base_url=url, verify=context, timeout=WAIT_LIMIT) as http:
+                answer = await http.post("/mutate", content=body, headers=headers)
+            samples.append(time.perf_counter() - began)
+            if answer.status_code != 200:
+                raise RuntimeError(f"bench: unexpected answer {answer.status_code}")
+        with trio.move_on_at(trio.current_time() + HOLD_SECONDS - (time.monotonic() - start)):
+            await all_ended.wait()
+        held = time.monotonic() - start
+        nursery.cancel_scope.cancel()
+    return [
+        {
+            "measure": f"RSS, highest while {HOSTILE} connections hold 3 MiB bodies unfinished",
+            "mib": round(rss_max / 1024, 1),
+        },
+        {
+            "measure": f"of {HOSTILE} hostile connections, ended by the webhook",
+            "ended": ended,
+            "within_s": round(held, 1),
+        },
+        {
+            "measure": f"review on a new connection while {HOSTILE} hostile ones are open",
+            **_spread(samples),
+        },
+    ]
+
+
 async def run_bench(reviews: int, json_path: Path | None) -> dict:
     try:
         import httpx
@@ -113,7 +216,6 @@ async def run_bench(reviews: int, json_path: Path | None) -> dict:
         raise SystemExit(
             f"bench-webhook needs the test extras ({err.name}): pip install '.[test]'"
         ) from None
-    import ssl
 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="powerdev-bench-webhook-") as tmp:
@@ -142,9 +244,7 @@ async def run_bench(reviews: int, json_path: Path | None) -> dict:
                 samples: list[float] = []
                 body = _review(pod, shape)
                 while len(samples) < count:
-                    # hypercorn ends a connection after 1,000 requests (GOAWAY), which
-                    # also spreads the API server's load over the replicas; so at most
-                    # 500 per connection here, the first 10 of each to warm up
+                    # at most 500 per connection here, the first 10 of each to warm up
                     async with httpx.AsyncClient(
                         base_url=url, verify=context, http2=True, timeout=WAIT_LIMIT
                     ) as http:
@@ -160,7 +260,7 @@ async def run_bench(reviews: int, json_path: Path | None) -> dict:
                             if i >= 10:
                                 samples.append(elapsed)
                 rows.append(
-                    {"measure": f"review, kept-alive h2: {shape}", "bytes": len(body),
+                    {"measure": f"review, kept-alive: {shape}", "bytes": len(body),
                      **_spread(samples)}
                 )  # fmt: skip
             samples = []
@@ -179,6 +279,7 @@ async def run_bench(reviews: int, json_path: Path | None) -> dict:
             rows.append(
                 {"measure": "RSS after the reviews", "mib": round((rss_end or 0) / 1024, 1)}
             )
+            rows.extend(await _hostile(url, ca, proc.pid, body, max(10, reviews // 100)))
         finally:
             proc.terminate()
             with trio.move_on_after(10):

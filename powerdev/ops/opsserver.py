@@ -7,7 +7,8 @@ answered at once, whatever other clients do, and so that nobody can make
 the daemon hold more than a bounded number of descriptors and bytes:
 
 - No client ever waits for another: every pending connection is accepted
-  (up to ACCEPT_BATCH per wake-up), none waits for a free slot. At most
+  (see powerdev/support/bounded.py, which the webhook shares), none waits
+  for a free slot, and no error of accept() ends the port. At most
   connection_limit() stay open; past it, each new connection closes the
   oldest one from its own address if that holds at least its share, else
   from the address holding the most, whatever it is doing, if it is
@@ -45,11 +46,9 @@ knowledge or h2c), which a read-only port of three paths does not need.
 
 from __future__ import annotations
 
-import errno
 import logging
-import math
-import resource
 import socket
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import trio
@@ -59,6 +58,15 @@ from powerdev import __version__
 from powerdev.config import ConfigError
 from powerdev.ops import health, metrics
 from powerdev.ops.oplog import bound_address
+from powerdev.support import bounded
+from powerdev.support.bounded import (
+    ListenError as ListenError,  # raised by listen(); the CLI catches it by this name
+)
+from powerdev.support.bounded import (
+    OpenConnections,
+    accept_connections,
+    parse_address,
+)
 
 if TYPE_CHECKING:
     import h11
@@ -74,33 +82,7 @@ MIN_OPEN = 16  # ... unless the descriptor limit is so low that a quarter of it 
 SPARE_SECONDS = 1.0  # past the limit, a younger connection is closed only past twice the limit
 DRAIN_BYTES = 64 * 1024  # after answering, unread bytes read and dropped (so the answer arrives)
 DRAIN_SECONDS = 1.0
-BACKLOG = 1024  # connections the kernel holds until accepted (capped by net.core.somaxconn)
-ACCEPT_BATCH = 256  # connections accepted in a row before the loop lets other tasks run
-ACCEPT_PAUSE = 0.1  # after EMFILE and the like: try accepting again after this
-SHED_LOG_SECONDS = 60.0  # at most one line per this about closing the oldest connections
-_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-# A connection that went before it was accepted, or one a firewall refused.
-_ACCEPT_AGAIN = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM}
 PATHS = "/metrics, /healthz, /readyz"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` (every interface) or `[IPv6]:PORT` -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(
-            f"{text!r} is not HOST:PORT, :PORT or [IPv6]:PORT (port 0 to 65535; 0: any free port)"
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 address in brackets, like [::1]:8080")
-    return host, int(port)
-
-
-class ListenError(Exception):
-    """The port cannot be had (taken, or not an address of this host): the
-    config is fine, the host is not ready for it."""
 
 
 def listen(address: str) -> socket.socket:
@@ -108,24 +90,14 @@ def listen(address: str) -> socket.socket:
     for an address that is not one; ListenError when it cannot be had. Both
     name the option and the fix."""
     try:
-        host, port = parse_address(address)
+        parse_address(address)
     except ValueError as err:
         raise ConfigError("--metrics-address", None, str(err), "use e.g. :8080") from None
-    try:
-        if host in ("", "*"):
-            if socket.has_dualstack_ipv6():
-                return socket.create_server(
-                    ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=BACKLOG
-                )
-            return socket.create_server(("0.0.0.0", port), backlog=BACKLOG)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, _, _, _, where = infos[0]
-        return socket.create_server(where, family=family, backlog=BACKLOG)
-    except OSError as err:
-        raise ListenError(
-            f"--metrics-address: cannot listen on {address}: {err.strerror or err}; "
-            "choose a free port and an address of this host, or leave it unset"
-        ) from None
+    return bounded.listen(
+        address,
+        "--metrics-address",
+        "choose a free port and an address of this host, or leave it unset",
+    )
 
 
 Answer = tuple[int, str, bytes]  # status, content type, body
@@ -196,78 +168,10 @@ class OpsApp:
 
 def connection_limit() -> int:
     """How many connections the port keeps open: MAX_OPEN, or a quarter of
-    the process's descriptor limit when that is lower (twice this, at most
-    half the descriptors, may be open for a second: see OpenConnections),
-    so that the port can never take the descriptors the kubelet's sockets
-    and the device watches need."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_OPEN
-    return max(MIN_OPEN, min(MAX_OPEN, soft // 4))
-
-
-class OpenConnections:
-    """The connections open now, oldest first, each with the cancel scope
-    that bounds its life. At the limit, a new connection closes the oldest
-    one from its own address if that address holds at least its share (the
-    average per address), else the oldest from the address that holds the
-    most; one younger than SPARE_SECONDS is spared until twice the limit
-    are open. A client holding connections open can only push out its own,
-    never make another wait, and never close a probe's (the kubelet probes
-    from the node's address, a connection or two at a time, each for
-    milliseconds)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._open: dict[trio.SocketStream, tuple[str, trio.CancelScope, float]] = {}
-        self._by_address: dict[str, dict[trio.SocketStream, None]] = {}
-        self.shed = 0  # closed to make room, since the start
-        self._logged_at = -math.inf
-
-    def add(self, stream: trio.SocketStream, address: str) -> trio.CancelScope:
-        if len(self._open) >= self.limit:
-            self.close_oldest(address, spare_young=len(self._open) < 2 * self.limit)
-        now = trio.current_time()
-        scope = trio.CancelScope(deadline=now + REQUEST_SECONDS)
-        self._open[stream] = (address, scope, now)
-        self._by_address.setdefault(address, {})[stream] = None
-        return scope
-
-    def remove(self, stream: trio.SocketStream) -> None:
-        entry = self._open.pop(stream, None)
-        if entry is not None:
-            same = self._by_address[entry[0]]
-            del same[stream]
-            if not same:
-                del self._by_address[entry[0]]
-
-    def close_oldest(self, address: str | None = None, *, spare_young: bool = False) -> None:
-        """Close the oldest connection from `address` if it holds at least
-        its share, else from the address with the most connections open;
-        with spare_young, not if it is younger than SPARE_SECONDS."""
-        if not self._open:
-            return
-        held = len(self._by_address.get(address, ()))  # type: ignore[arg-type]
-        if held == 0 or held * len(self._by_address) < len(self._open):
-            address = max(self._by_address, key=lambda a: len(self._by_address[a]))
-        stream = next(iter(self._by_address[address]))
-        _, scope, opened = self._open[stream]
-        now = trio.current_time()
-        if spare_young and now - opened < SPARE_SECONDS:
-            return
-        self.remove(stream)
-        scope.cancel()
-        stream.socket.close()  # its descriptor goes now, not when its task next runs
-        self.shed += 1
-        if now - self._logged_at >= SHED_LOG_SECONDS:
-            log.warning(
-                "metrics port: %d connections open (the limit): closing the oldest from %s "
-                "(%d closed so far); some client holds connections open",
-                self.limit,
-                address,
-                self.shed,
-            )
-            self._logged_at = now
+    the process's descriptor limit when that is lower (see
+    bounded.connection_limit), so that the port can never take the
+    descriptors the kubelet's sockets and the device watches need."""
+    return bounded.connection_limit(MAX_OPEN, MIN_OPEN)
 
 
 async def serve(
@@ -281,32 +185,21 @@ async def serve(
     import h11  # noqa: F401  # the HTTP parser, loaded now the port is on: not by every `run`
 
     app = OpsApp(plugins, status)
-    connections = OpenConnections(connection_limit())
+    connections = OpenConnections(
+        connection_limit(), name="metrics port", spare_seconds=SPARE_SECONDS
+    )
     address = bound_address(sock)
     sock.setblocking(False)
     log.info("serving %s on %s", PATHS, address)
     try:
         async with trio.open_nursery() as nursery:
+
+            def start(stream: trio.SocketStream, peer: str) -> None:
+                scope = connections.add(stream, peer, REQUEST_SECONDS)
+                nursery.start_soon(_connection, app, stream, scope, connections)
+
             task_status.started(address)
-            while True:
-                await trio.lowlevel.wait_readable(sock)
-                for _ in range(ACCEPT_BATCH):
-                    try:
-                        accepted, peer = sock.accept()
-                    except BlockingIOError:
-                        break
-                    except OSError as err:
-                        if err.errno in _ACCEPT_AGAIN:
-                            continue
-                        if err.errno not in _OUT_OF_RESOURCES:
-                            raise
-                        log.warning("metrics port: cannot accept a connection: %s", err)
-                        connections.close_oldest()  # one descriptor back, if we hold any
-                        await trio.sleep(ACCEPT_PAUSE)
-                        break
-                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(accepted))
-                    scope = connections.add(stream, peer[0])
-                    nursery.start_soon(_connection, app, stream, scope, connections)
+            await accept_connections(sock, connections, start)
     finally:
         sock.close()
 
@@ -374,7 +267,7 @@ async def _send(
     if status == 405:
         headers.append(("allow", "GET"))
     try:
-        data = conn.send(h11.Response(status_code=status, headers=headers))
+        data = conn.send(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
         if not head:  # an answer to HEAD has headers only
             data += conn.send(h11.Data(data=body))
         data += conn.send(h11.EndOfMessage())
@@ -382,6 +275,14 @@ async def _send(
         return  # h11 cannot frame an answer after this error: just close
     await stream.send_all(data)
     await stream.send_eof()
+
+
+def _reason(status: int) -> bytes:
+    """The standard reason phrase (h11 sends none unless told)."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
 
 
 async def _drain(stream: trio.SocketStream) -> None:

@@ -23,6 +23,11 @@ DEFAULT_NAMESPACE = "power-device-plugin"
 # A pod object is at most about 1.5 MiB (etcd's request limit); its review,
 # JSON-escaped, fits in 3 MiB with room to spare.
 DEFAULT_MAX_BODY = 3 * 1024 * 1024
+# The API server keeps a few connections to each replica and waits at most
+# 30 s (timeoutSeconds; 5 in deploy/webhook) for an answer.
+DEFAULT_MAX_CONNECTIONS = 128
+DEFAULT_REQUEST_SECONDS = 10.0
+DEFAULT_HANDSHAKE_SECONDS = 5.0
 MAX_COUNT = 1024  # far more units than one container could use; a typo, not a plan
 MAX_POD_LABELS = 64
 

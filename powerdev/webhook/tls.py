@@ -24,7 +24,7 @@ from powerdev.config.watch import ConfigWatch
 log = logging.getLogger(__name__)
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
-ALPN = ["h2", "http/1.1"]
+ALPN = ["http/1.1"]  # what the server speaks (powerdev/webhook/server.py)
 
 
 class KeyPairError(ValueError):

@@ -7,6 +7,8 @@ connections they hold are bounded and cut off. Real TCP sockets on
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -14,6 +16,7 @@ import trio
 
 from powerdev.ops import health, opsserver
 from powerdev.ops.status import StatusFile
+from powerdev.support import bounded
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
 from tests.integration.test_opsport import get
 
@@ -272,5 +275,76 @@ async def test_requests_at_the_same_moment_share_one_answer_and_later_ones_get_a
     [(1024, 256), (1 << 20, opsserver.MAX_OPEN), (40, opsserver.MIN_OPEN)],
 )
 def test_the_port_keeps_at_most_a_quarter_of_the_descriptor_limit(monkeypatch, descriptors, limit):
-    monkeypatch.setattr(opsserver.resource, "getrlimit", lambda _: (descriptors, 1 << 20))
+    monkeypatch.setattr(bounded.resource, "getrlimit", lambda _: (descriptors, 1 << 20))
     assert opsserver.connection_limit() == limit
+
+
+class _Seen(logging.Handler):
+    """Sets `event` at the first record whose message holds `words`."""
+
+    def __init__(self, words: str) -> None:
+        super().__init__()
+        self.words = words
+        self.event = trio.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage():
+            self.records.append(record)
+            self.event.set()
+
+
+def _chosen_port() -> int:
+    """A port bound by number (a socket bound to port 0 loses its port when
+    it stops listening; one bound by number keeps it)."""
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        return free.getsockname()[1]
+
+
+async def test_an_unexpected_accept_error_is_logged_and_the_port_serves_again_after_it():
+    """shutdown() on the listening socket makes every accept() fail with
+    EINVAL, an error that is none of those accept() passes on from a new
+    connection: the port logs it once, keeps trying, and serves again as
+    soon as the socket listens again; the daemon's nursery never sees it."""
+    port = _chosen_port()
+    sock = opsserver.listen(f"127.0.0.1:{port}")
+    seen = _Seen("accepting a connection failed")
+    logging.getLogger("powerdev").addHandler(seen)
+    try:
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(opsserver.serve, sock, [], StatusFile(None))
+                assert (await get(port, "/healthz"))[0] == 200
+                sock.shutdown(socket.SHUT_RD)  # not listening: accept() says EINVAL
+                await seen.event.wait()
+                sock.listen(16)
+                assert (await get(port, "/healthz"))[0] == 200
+                nursery.cancel_scope.cancel()
+    finally:
+        logging.getLogger("powerdev").removeHandler(seen)
+    (record,) = seen.records  # once, though accept() failed again and again
+    assert record.levelno == logging.ERROR
+    assert "Invalid argument" in record.getMessage()
+
+
+async def test_answers_carry_the_standard_reason_phrase():
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            port = await _serve_alone(nursery)
+            for request, line in [
+                (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 OK\r\n"),
+                (b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 404 Not Found\r\n"),
+                (
+                    b"PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                    b"HTTP/1.1 405 Method Not Allowed\r\n",
+                ),
+                (b"GARBAGE\r\n\r\n", b"HTTP/1.1 400 Bad Request\r\n"),
+            ]:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    await stream.send_all(request)
+                    data = b""
+                    while chunk := await stream.receive_some(65536):
+                        data += chunk
+                assert data.startswith(line), data[:80]
+            nursery.cancel_scope.cancel()

@@ -4,7 +4,9 @@ cert-manager's kinds, which have no schema here, parsed strictly against the
 fields this overlay uses; and the wiring between the pieces (names, ports,
 Secret, CA injection, the command line) that a schema cannot see."""
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -12,7 +14,9 @@ import pytest
 import yaml
 
 from powerdev.cli import build_parser
+from powerdev.devtools import kit
 from powerdev.webhook.config import WebhookConfig, parse_webhook_config
+from tests.conftest import require_tool
 from tests.deploy.test_manifests import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,3 +251,89 @@ def test_the_openshift_build():
     assert template["metadata"]["annotations"] == {"openshift.io/required-scc": "restricted-v2"}
     assert "runAsUser" not in template["spec"]["securityContext"]  # the SCC assigns one
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+# --- who can reach the webhook: the NetworkPolicy component -----------------------------------
+
+# What docs/webhook.md ("Who can reach the webhook") has an admin add to the
+# overlay: the component, and the API server's addresses in place of the
+# placeholder.
+API_SERVER_ADDRESSES = """
+patches:
+  - target:
+      kind: NetworkPolicy
+      name: power-dev-webhook
+    patch: |-
+      - op: replace
+        path: /spec/ingress/0/from
+        value:
+          - ipBlock:
+              cidr: 10.0.0.11/32
+          - ipBlock:
+              cidr: 10.0.0.12/32
+"""
+PLACEHOLDER = "192.0.2.1/32"  # RFC 5737: no host's
+
+
+def kit_kustomize(path: Path) -> list[dict]:
+    """`kubectl kustomize` with the conformance kit's kubectl."""
+    kubectl = require_tool(kit.TOOLS["kubectl"])
+    done = subprocess.run(
+        [str(kubectl), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def with_policy(tmp_path: Path, overlay: str, patches: str | None) -> list[dict]:
+    """`overlay` rendered from a copy of deploy/ with the component (and patches) added."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    kustomization = tmp_path / overlay / "kustomization.yaml"
+    doc = yaml.safe_load(kustomization.read_text())
+    component = tmp_path / "deploy/webhook/networkpolicy"
+    doc["components"] = [os.path.relpath(component, tmp_path / overlay)]
+    if patches is not None:
+        doc.setdefault("patches", []).extend(yaml.safe_load(patches)["patches"])
+    kustomization.write_text(yaml.safe_dump(doc))
+    return kit_kustomize(tmp_path / overlay)
+
+
+@pytest.mark.parametrize("overlay", ["deploy/webhook", "deploy/webhook/openshift"])
+@pytest.mark.parametrize("addresses", ["placeholder", "set"])
+def test_the_networkpolicy_component_admits_only_the_api_server_to_the_webhook(
+    tmp_path, overlay, addresses
+):
+    docs = with_policy(tmp_path, overlay, API_SERVER_ADDRESSES if addresses == "set" else None)
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, VERSION, strict=True)
+    deployment = one(docs, "Deployment")
+    template = deployment["spec"]["template"]
+    assert not template["spec"].get("hostNetwork")  # else no NetworkPolicy would apply
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert policy["metadata"]["labels"]["app.kubernetes.io/part-of"] == "powerdev"
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected and selected.items() <= template["metadata"]["labels"].items()
+    daemonset = one(docs, "DaemonSet", "power-device-plugin")
+    assert not selected.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]  # one rule: nothing else gets in
+    (port,) = rule["ports"]
+    (container,) = template["spec"]["containers"]
+    (declared,) = container["ports"]
+    assert port == {"port": declared["name"], "protocol": "TCP"}
+    (service_port,) = one(docs, "Service")["spec"]["ports"]
+    assert service_port["targetPort"] == declared["name"]  # what the API server connects to
+    for probe in ("livenessProbe", "readinessProbe"):  # from the node: always let through
+        assert container[probe]["httpGet"]["port"] == declared["name"]
+    sources = rule["from"]
+    assert all(set(source) == {"ipBlock"} for source in sources)  # no selector of pods
+    cidrs = [source["ipBlock"]["cidr"] for source in sources]
+    expected = {"placeholder": [PLACEHOLDER], "set": ["10.0.0.11/32", "10.0.0.12/32"]}
+    assert cidrs == expected[addresses]
+    assert all("except" not in source["ipBlock"] for source in sources)
+    # Everything else the overlay makes is as without the component.
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == kit_kustomize(ROOT / overlay)

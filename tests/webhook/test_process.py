@@ -6,6 +6,7 @@ seen in its log), exits 0 on SIGTERM and 2 with one clear line at a bad start.""
 import base64
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -108,6 +109,22 @@ def test_a_bad_start_exits_2_with_one_line_naming_the_file_and_fix(tmp_path, ca,
         2,
         "powerdev webhook: --max-body 10: too small for any review; use at least 1024",
     )
+    for option, value, words in [
+        ("--max-connections", "0", "--max-connections 0: use 1 to 65536"),
+        ("--request-seconds", "0", "--request-seconds 0: use more than 0, at most 300"),
+        ("--handshake-seconds", "-1", "--handshake-seconds -1: use more than 0, at most 60"),
+    ]:
+        done = _start(tmp_path, settings, option, value)
+        assert (done.returncode, done.stderr.strip()) == (2, f"powerdev webhook: {words}")
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = _start(tmp_path, settings_for(tmp_path, secret, listen=address))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"powerdev webhook: --listen: cannot listen on {address}: Address already in use; "
+        "choose a free port and an address of this host"
+    ]
 
 
 def test_the_webhook_command_does_not_import_the_daemon_stack():

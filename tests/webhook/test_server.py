@@ -1,5 +1,5 @@
 """The webhook in-process on a real TLS socket (test CA), asked by a real
-HTTP client (httpx, HTTP/1.1 and HTTP/2): patches, pods left alone, dry run,
+HTTP client (httpx, HTTP/1.1, with HTTP/2 offered or not): patches, pods left alone, dry run,
 bad requests, config and key-pair reloads. Each test bounded by fail_after."""
 
 import base64
@@ -39,8 +39,10 @@ def limits_of(pod: dict) -> list[dict]:
     return [(c.get("resources") or {}).get("limits") for c in pod["spec"]["containers"]]
 
 
-@pytest.mark.parametrize("http2", [False, True], ids=["http1.1", "h2"])
+@pytest.mark.parametrize("http2", [False, True], ids=["http1.1", "h2-offered"])
 async def test_a_deployment_pod_gets_the_resource(tmp_path, ca, secret, http2):
+    """A client that offers HTTP/2 too (as the API server does) is answered
+    in HTTP/1.1, the one protocol the server offers (ALPN)."""
     with trio.fail_after(LIMIT):
         async with (
             webhook_in_process(settings_for(tmp_path, secret)) as serving,
@@ -48,7 +50,7 @@ async def test_a_deployment_pod_gets_the_resource(tmp_path, ca, secret, http2):
         ):
             pod = deployment_pod(container("db"), container("log", {"limits": {"cpu": "1"}}))
             answer = await http.post("/mutate", json=review(pod))
-            assert answer.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+            assert answer.http_version == "HTTP/1.1"
             response = answer.json()["response"]
             assert response["allowed"] is True
             assert limits_of(patched(response, pod)) == [
@@ -299,3 +301,35 @@ async def test_the_key_pair_is_reloaded_when_the_secret_changes(tmp_path, ca, se
             assert await _served_fingerprint(serving.url, client_context(new_ca)) == sha256_of(
                 new_cert
             )
+
+
+async def test_requests_sent_together_on_a_kept_alive_connection_are_each_answered(
+    tmp_path, ca, secret
+):
+    """Three requests in one write (HTTP/1.1 pipelining): three answers, in order."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with trio.fail_after(LIMIT):
+        async with webhook_in_process(settings_for(tmp_path, secret)) as serving:
+            host, port = serving.url.removeprefix("https://").rsplit(":", 1)
+            context = client_context(ca)
+            context.set_alpn_protocols(["http/1.1"])
+            stream = await trio.open_ssl_over_tcp_stream(host, int(port), ssl_context=context)
+            await stream.send_all(request * 2 + b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+            connection = h11.Connection(h11.CLIENT)
+            seen = []
+            for _ in range(3):  # h11 reads an answer to a request it has sent
+                connection.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+                connection.send(h11.EndOfMessage())
+                status = None
+                while True:
+                    event = connection.next_event()
+                    if event is h11.NEED_DATA:
+                        connection.receive_data(await stream.receive_some(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                connection.start_next_cycle()
+                seen.append(status)
+            assert seen == [200, 200, 404]
+            await stream.aclose()
