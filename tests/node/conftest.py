@@ -22,7 +22,7 @@ import trio
 
 from powerdev.devtools import kit
 from powerdev.devtools.cluster import node
-from powerdev.devtools.cluster.client import Api
+from powerdev.devtools.cluster.client import Api, ApiError
 from powerdev.devtools.cluster.node import Node
 from powerdev.devtools.cluster.nodepods import (
     DRIVER,
@@ -82,8 +82,8 @@ class Namespace:
         return await self.ended(body["metadata"]["name"])
 
     async def ended(self, name: str) -> tuple[str, str]:
-        done = await self.api.wait_for(
-            self.pods, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed")
+        done = await self.until(
+            name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "end"
         )
         return done["status"]["phase"], await self.log(name)
 
@@ -95,8 +95,26 @@ class Namespace:
         return answer.text
 
     async def running(self, name: str) -> dict:
-        return await self.api.wait_for(
-            self.pods, name, lambda p: p["status"].get("phase") == "Running"
+        """The pod once Running; a test failure that tells its story if it
+        ends first, or is not Running within LIMIT."""
+        pod = await self.until(
+            name, lambda p: p["status"].get("phase") not in (None, "Pending"), "run"
+        )
+        if pod["status"]["phase"] != "Running":
+            raise AssertionError(
+                f"pod {self.name}/{name} went {pod['status']['phase']} instead of Running\n"
+                + await pod_story(self.api, self.node, self.name, [name])
+            )
+        return pod
+
+    async def until(self, name: str, predicate, what: str) -> dict:
+        """The pod once predicate(pod) holds, within LIMIT; else a test
+        failure with its status, its events and the kubelet's lines."""
+        with trio.move_on_after(LIMIT):
+            return await self.api.wait_for(self.pods, name, predicate)
+        raise AssertionError(
+            f"pod {self.name}/{name} did not {what} within {LIMIT} s\n"
+            + await pod_story(self.api, self.node, self.name, [name])
         )
 
     async def wait_log(self, name: str, predicate, attempt: int = 0, container: str = "c0") -> str:
@@ -178,6 +196,41 @@ async def powerdev(
         yield proc
     finally:
         await stop(proc)
+
+
+async def pod_story(api: Api, real_node: Node, namespace: str, names: list[str]) -> str:
+    """What a test that waited in vain for pods prints: each pod's phase,
+    conditions and container states, its events (the scheduler's and the
+    kubelet's), then the kubelet's log lines that name it and its last ones."""
+    told = []
+    for name in names:
+        try:
+            pod = await api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiError as error:
+            told.append(f"pod {name}: {error}")
+            continue
+        status = pod.get("status", {})
+        told.append(f"pod {name}: phase {status.get('phase')}, node {pod['spec'].get('nodeName')}")
+        for c in status.get("conditions", []):
+            told.append(f"  {c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}")
+        for c in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+            told.append(f"  container {c['name']}: {json.dumps(c.get('state', {}))}")
+        events = await api.get(
+            f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
+        )
+        for e in events["items"]:
+            source = e.get("source", {}).get("component") or e.get("reportingComponent", "")
+            told.append(
+                f"  event {e.get('type')} {e.get('reason')} x{e.get('count', 1)} "
+                f"({source}): {e.get('message', '')}"
+            )
+    lines = real_node.log("kubelet").read_text(errors="replace").splitlines()
+    about = [line for line in lines if any(f'"{namespace}/{name}"' in line for name in names)]
+    told.append(f"the kubelet's lines about them (last 20 of {len(about)}):")
+    told += about[-20:]
+    told.append(f"the kubelet's last lines ({real_node.log('kubelet')}):")
+    told += lines[-15:]
+    return "\n".join(told)
 
 
 def written(backing: Path, mark: str) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from datetime import UTC, datetime
 from functools import partial
 
 import pytest
 import trio
 
+from powerdev.devtools.cluster.node import ready_heartbeat
 from powerdev.devtools.cluster.nodepods import (
     RESOURCE_API,
     busybox_pod,
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node a
 
 DRIVER = "dra.powerdev.io"
 PLUGIN = "powerdev.test/restarts"
+PLANTED = "2001-01-01T00:00:00Z"  # a Ready heartbeat no kubelet of this run wrote
 DRA = "powerdev.test/restarts-dra"
 
 
@@ -113,3 +116,27 @@ async def test_a_running_pod_keeps_its_devices_through_restarts_and_its_claim_go
             )
             assert (phase, f"read: {text}") == ("Succeeded", log.strip()), log
             assert written(loops[0][1], text) == text
+
+
+async def test_a_restarted_kubelet_makes_the_node_ready_by_its_own_report(real_node, node_api):
+    """A kubelet's start returns once that kubelet has reported the Node
+    Ready, never on the condition an earlier one left: here the kubelet is
+    stopped and the Node's Ready condition is replaced by one it could have
+    left (True, an old heartbeat, a reason of the test's) before the start."""
+    path = f"/api/v1/nodes/{real_node.name}"
+    with trio.fail_after(LIMIT):
+        await real_node.call(real_node.stop_kubelet)
+        node = await node_api.get(path)
+        conditions = node["status"]["conditions"]
+        for c in conditions:
+            if c["type"] == "Ready":
+                c.update(status="True", reason="LeftByTheTest", lastHeartbeatTime=PLANTED)
+        await node_api.merge_patch(f"{path}/status", {"status": {"conditions": conditions}})
+        await real_node.call(real_node.start_kubelet)
+        node = await node_api.get(path)
+    (ready,) = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "KubeletReady"), ready
+    started = datetime.fromtimestamp(int(real_node.kubelet_started), UTC)
+    assert real_node.ready_heartbeat is not None
+    assert real_node.ready_heartbeat >= started, (real_node.ready_heartbeat, started)
+    assert ready_heartbeat(node) >= real_node.ready_heartbeat

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import trio
@@ -43,6 +43,8 @@ from powerdev.devtools import kit
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.pki import Pki, make_pki, write_kubeconfigs
 from powerdev.devtools.testing import stop
+
+T = TypeVar("T")
 
 START_LIMIT = 120.0  # seconds for the whole start, on a busy 2-core machine
 STOP_LIMIT = 15.0  # seconds each process has after SIGTERM before SIGKILL
@@ -322,13 +324,14 @@ async def _record_exit(component: Component, exited: dict[str, int]) -> None:
         exited[component.name] = code
 
 
-async def _until(component: Component, ready: Callable[[], Awaitable[object]]) -> None:
-    """Until ready() returns; raises, with the end of its log, if the
-    component's output ends first (it exited)."""
+async def _until(component: Component, ready: Callable[[], Awaitable[T]]) -> T:
+    """What ready() returns, once it does; raises, with the end of its
+    log, if the component's output ends first (it exited)."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(component.output.wait_for, lambda _: False)  # raises at the end
-        await ready()
+        result = await ready()
         nursery.cancel_scope.cancel()
+    return result
 
 
 async def _apiserver_ready(plane: ControlPlane, apiserver: Component) -> None:

@@ -40,8 +40,10 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,9 @@ class Node:
     node_seconds: float  # from containerd's start to the Node Ready
     parts: dict[str, Component] = field(default_factory=dict)
     ownership: bool = OWNERSHIP  # containerd's device_ownership_from_security_context
+    kubelet_started: float = 0.0  # time.time() as the running kubelet was started
+    # The Ready heartbeat its start waited for (its own first Ready report).
+    ready_heartbeat: datetime | None = None
     _nursery: trio.Nursery | None = field(default=None, repr=False)
     _token: trio.lowlevel.TrioToken | None = field(default=None, repr=False)
 
@@ -136,9 +141,13 @@ class Node:
 
     async def restart_kubelet(self) -> None:
         """The kubelet stopped (SIGTERM) and started again under the
-        running pods, until the Node is Ready again."""
+        running pods, until the Node is Ready again by its report."""
+        await self.stop_kubelet()
+        await self.start_kubelet()
+
+    async def stop_kubelet(self) -> None:
+        """The kubelet stopped (SIGTERM), the pods left running."""
         await _stop_part(self.parts.pop("kubelet"))
-        await self._start_kubelet()
 
     async def restart_runtime(self, *, ownership: bool) -> None:
         """containerd stopped and started again with
@@ -178,7 +187,7 @@ class Node:
             _claim(CONTAINERD_RUN, RUN_OURS)
             await self._start_containerd()
             await _import_images(self)
-            await self._start_kubelet()
+            await self.start_kubelet()
 
     async def _start_containerd(self, join: int | None = None) -> None:
         """containerd, in a mount namespace of its own, or in the one of the
@@ -191,17 +200,26 @@ class Node:
             )
             await part.output.wait_for(lambda line: "containerd successfully booted" in line)
 
-    async def _start_kubelet(self) -> None:
+    async def start_kubelet(self) -> None:
+        """The kubelet, until its port takes connections and the Node is
+        Ready by its own report: a Ready condition with a heartbeat after
+        the last one the Node had when it started (that one, if any, was an
+        earlier kubelet's, which has exited)."""
         assert self._nursery is not None
         with trio.fail_after(START_LIMIT):
-            self.parts["kubelet"] = kubelet = await controlplane._start(
-                self._nursery, self.root, "kubelet", _kubelet_command(self), _environment(self)
-            )
             async with self.plane.api() as api:
-                await controlplane._until(kubelet, partial(_serving, kubelet))
-                await controlplane._until(
-                    kubelet, partial(api.wait_for, "/api/v1/nodes", self.name, _ready)
+                nodes = await api.get("/api/v1/nodes", fieldSelector=f"metadata.name={self.name}")
+                before = max((ready_heartbeat(n) for n in nodes["items"]), default=None)
+                self.kubelet_started = time.time()
+                self.parts["kubelet"] = kubelet = await controlplane._start(
+                    self._nursery, self.root, "kubelet", _kubelet_command(self), _environment(self)
                 )
+                await controlplane._until(kubelet, partial(_serving, kubelet))
+                ready = await controlplane._until(
+                    kubelet,
+                    partial(api.wait_for, "/api/v1/nodes", self.name, partial(_ready, before)),
+                )
+            self.ready_heartbeat = ready_heartbeat(ready)
 
     async def _stop_parts(self) -> None:
         with trio.CancelScope(shield=True):
@@ -233,10 +251,24 @@ async def _serving(kubelet: Component) -> None:
         return
 
 
-def _ready(node: dict) -> bool:
+def ready_heartbeat(node: dict) -> datetime | None:
+    """When the kubelet last reported the Node's Ready condition (to the
+    second, as the API keeps it), or None without one."""
+    for c in node.get("status", {}).get("conditions", []):
+        if c["type"] == "Ready" and c.get("lastHeartbeatTime"):
+            return datetime.fromisoformat(c["lastHeartbeatTime"])
+    return None
+
+
+def _ready(before: datetime | None, node: dict) -> bool:
+    """Ready, without the not-ready taint, by a report after `before`:
+    only a kubelet writes the condition's heartbeat, and every report
+    writes it."""
     conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
     taints = [t["key"] for t in node.get("spec", {}).get("taints", [])]
-    return conditions.get("Ready") == "True" and NOT_READY_TAINT not in taints
+    heartbeat = ready_heartbeat(node)
+    fresh = before is None or (heartbeat is not None and heartbeat > before)
+    return conditions.get("Ready") == "True" and NOT_READY_TAINT not in taints and fresh
 
 
 async def _stop_part(part: Component) -> None:
@@ -331,6 +363,10 @@ def _kubelet_config(node: Node) -> dict[str, object]:
         # A pod whose DRA driver the kubelet does not know yet (a node that
         # boots) is tried again only at the next resync, 1 min by default.
         "syncFrequency": "10s",
+        # A status that has not changed is reported again after this (5 min
+        # by default): the bound of a start's wait for the kubelet's own Ready
+        # report when its first one fell in the second of the last kubelet's.
+        "nodeStatusReportFrequency": "10s",
     }
 
 
