@@ -72,6 +72,7 @@ def test_there_is_something_to_check():
         "Namespace",
         "Namespace",
         "NetworkPolicy",
+        "NetworkPolicy",
         "Pod",
         "Pod",
         "PodDisruptionBudget",
