@@ -481,14 +481,27 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
         say("  uevent to ListAndWatch: skipped (needs root and /dev/loop-control)")
         return
     arrived: dict[tuple[str, str], float] = {}
+    noted = trio.Event()
 
     async def note_uevents(source: NetlinkEvents) -> None:
+        nonlocal noted
         while True:
             batch = await source.next_batch()
             now = time.perf_counter()
             for event in batch if isinstance(batch, list) else ():
                 for path in event.paths:
                     arrived[(event.action, Path(path).name)] = now
+            noted.set()
+            noted = trio.Event()
+
+    async def since_arrival(key: tuple[str, str]) -> float:
+        """Seconds from the uevent's arrival on our monitor to now. Our
+        monitor may read it after the daemon has published (both get the
+        same multicast): then it waits for the arrival, and counts 0."""
+        listed = time.perf_counter()
+        while key not in arrived:
+            await noted.wait()
+        return max(0.0, listed - arrived[key])
 
     with (
         tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp,
@@ -521,7 +534,7 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
                         f"{name} in the list",
                         lambda k, n=name: n in k.resources[RESOURCE].devices,
                     )
-                    samples["add"].append(time.perf_counter() - arrived[("add", name)])
+                    samples["add"].append(await since_arrival(("add", name)))
                     # LOOP_CTL_REMOVE blocks for ~40 ms in the kernel; its uevent
                     # comes during that time, so run it beside the daemon.
                     async with trio.open_nursery() as removing:
@@ -531,7 +544,7 @@ async def measure_uevents(plan: Plan, results: Results, say: Callable[[str], Non
                             f"{name} gone from the list",
                             lambda k, n=name: n not in k.resources[RESOURCE].devices,
                         )
-                        samples["remove"].append(time.perf_counter() - arrived[("remove", name)])
+                        samples["remove"].append(await since_arrival(("remove", name)))
                 for action, values in samples.items():
                     results.add(f"uevent to ListAndWatch ({action})", None, **spread(values))
                 both = spread(samples["add"] + samples["remove"])

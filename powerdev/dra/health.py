@@ -85,7 +85,12 @@ def _why(plugin: Plugin, device: Device) -> str:
     """Why one of its nodes is not usable now: the one verdict's reason."""
     tracker = plugin.tracker
     reason = tracker.verdict(device).reason if tracker is not None else ""
-    return f"{device.path}: {reason or 'not usable now'}"
+    if reason:
+        return f"{device.path}: {reason}"
+    return (
+        f"{device.path} not usable now: used by the host, held by another resource, "
+        "failed, or not the device it was"
+    )
 
 
 def assess_all(
