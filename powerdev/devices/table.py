@@ -249,8 +249,7 @@ class DeviceTable:
         later look found."""
         paths = list(paths)
         plan = self.survey_plan()
-        self._surveys += 1
-        try:
+        with self._looking_aside():
             found = await trio.to_thread.run_sync(plan.survey, paths)
             changes = Changes()
             items = list(found.paths.items())
@@ -262,6 +261,15 @@ class DeviceTable:
                 tables = found.tables if not start else None
                 changes |= self.adopt(Survey(part, facts, tables), since=plan.gen)
             return changes
+
+    @contextmanager
+    def _looking_aside(self) -> Iterator[None]:
+        """While a look in a worker thread runs (a survey, a recheck): what
+        each path and device last changed at is kept, so that adopting it
+        does not undo a later look."""
+        self._surveys += 1
+        try:
+            yield
         finally:
             self._surveys -= 1
             if not self._surveys:
@@ -561,19 +569,14 @@ class DeviceTable:
             return Changes()
         self._gen += 1
         since = self._gen
-        self._surveys += 1
-        try:
-            found = await trio.to_thread.run_sync(read_again, self.sys_root, self.dev_root, watched)
-        finally:
-            self._surveys -= 1
         changes = Changes()
-        for key, now in found.items():
-            facts = self._facts.get(key)
-            if facts is None or facts.condition == now or self._since.get(key, 0) > since:
-                continue
-            self._set_facts(key, replace(facts, condition=now), changes)
-        if not self._surveys:
-            self._since.clear()
+        with self._looking_aside():
+            found = await trio.to_thread.run_sync(read_again, self.sys_root, self.dev_root, watched)
+            for key, now in found.items():
+                facts = self._facts.get(key)
+                if facts is None or facts.condition == now or self._since.get(key, 0) > since:
+                    continue
+                self._set_facts(key, replace(facts, condition=now), changes)
         return changes
 
     @contextmanager

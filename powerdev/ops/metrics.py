@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from powerdev import __version__
-from powerdev.devices.condition import LEVELS
+from powerdev.devices.condition import FINE, LEVELS
 from powerdev.ops import oplog
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ def _conditions(
         seen.add(device.key)
         condition = tracker.table.facts(device.key).condition if tracker is not None else None
         if condition is None:
-            counts[LEVELS[0]] += 1
+            counts[FINE] += 1
             continue
         counts[condition.level] += 1
         for state, n in condition.path_counts().items():

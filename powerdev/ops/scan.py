@@ -20,7 +20,7 @@ from pathlib import Path
 
 from powerdev.config import Config, ResourceConfig
 from powerdev.devices import gomatch
-from powerdev.devices.condition import Condition
+from powerdev.devices.condition import UNWATCHED, Condition
 from powerdev.devices.family import Key
 from powerdev.devices.model import Device
 from powerdev.devices.table import DeviceTable, HostFiles
@@ -205,7 +205,7 @@ def as_json(reports: list[Report]) -> str:
                     {
                         **asdict(d),
                         "family": r.families.get(d.path, {}),
-                        "condition": _condition(r.conditions.get(d.path)),
+                        "condition": _condition(r.conditions.get(d.path, UNWATCHED)),
                     }
                     for d in r.advertised
                 ],
@@ -217,9 +217,7 @@ def as_json(reports: list[Report]) -> str:
     )
 
 
-def _condition(condition: Condition | None) -> dict[str, object]:
-    if condition is None:
-        return {"level": "fine"}
+def _condition(condition: Condition) -> dict[str, object]:
     said: dict[str, object] = {"level": condition.level}
     if condition.why:
         said["why"] = condition.why
