@@ -122,11 +122,24 @@ async def _wait_ready(stderr: trio.abc.ReceiveStream) -> str:
                     return line.split()[-1]
 
 
+async def _review_on_a_new_connection(
+    url: str, context: ssl.SSLContext, body: bytes, headers: dict[str, str]
+) -> float:
+    """Seconds for one review on a connection of its own (its TLS handshake
+    included)."""
+    import httpx  # the bench's only client library, imported when it runs
+
+    began = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, verify=context, timeout=WAIT_LIMIT) as http:
+        answer = await http.post("/mutate", content=body, headers=headers)
+    if answer.status_code != 200:
+        raise RuntimeError(f"bench: unexpected answer {answer.status_code}")
+    return time.perf_counter() - began
+
+
 async def _hostile(url: str, ca: trustme.CA, pid: int, body: bytes, reviews: int) -> list[dict]:
     """HOSTILE connections holding unfinished 3 MiB bodies: the highest RSS
     while they are open, how many the webhook ends, and reviews meanwhile."""
-    import httpx
-
     host, port = url.removeprefix("https://").rsplit(":", 1)
     head = (
         "POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -181,12 +194,7 @@ async def _hostile(url: str, ca: trustme.CA, pid: int, body: bytes, reviews: int
 
         nursery.start_soon(sample_rss)
         for _ in range(reviews):
-            began = time.perf_counter()
-            async with httpx.AsyncClient(base_url=url, verify=context, timeout=WAIT_LIMIT) as http:
-                answer = await http.post("/mutate", content=body, headers=headers)
-            samples.append(time.perf_counter() - began)
-            if answer.status_code != 200:
-                raise RuntimeError(f"bench: unexpected answer {answer.status_code}")
+            samples.append(await _review_on_a_new_connection(url, context, body, headers))
         with trio.move_on_at(trio.current_time() + HOLD_SECONDS - (time.monotonic() - start)):
             await all_ended.wait()
         held = time.monotonic() - start
@@ -266,12 +274,7 @@ async def run_bench(reviews: int, json_path: Path | None) -> dict:
             samples = []
             body = _review(SHAPES["1 container, resources {}"], "")
             for _ in range(max(10, reviews // 10)):
-                start = time.perf_counter()
-                async with httpx.AsyncClient(base_url=url, verify=context, http2=True) as http:
-                    answer = await http.post("/mutate", content=body, headers=headers)
-                samples.append(time.perf_counter() - start)
-                if answer.status_code != 200:
-                    raise RuntimeError(f"bench: unexpected answer {answer.status_code}")
+                samples.append(await _review_on_a_new_connection(url, context, body, headers))
             rows.append(
                 {"measure": "review on a new connection (TLS handshake)", **_spread(samples)}
             )

@@ -35,14 +35,20 @@ def port_socket():
     return opsserver.listen("127.0.0.1:0")
 
 
-async def http(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send raw bytes, read until the server closes; (status, headers, body)."""
+async def exchange(port: int, raw: bytes) -> bytes:
+    """Send raw bytes; everything the server sends until it closes."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(raw)
         data = b""
         while chunk := await stream.receive_some(65536):
             data += chunk
+    return data
+
+
+async def http(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes, read until the server closes; (status, headers, body)."""
+    data = await exchange(port, raw)
     head, _, body = data.partition(b"\r\n\r\n")
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     headers = {}

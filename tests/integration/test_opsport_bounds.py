@@ -18,7 +18,7 @@ from powerdev.ops import health, opsserver
 from powerdev.ops.status import StatusFile
 from powerdev.support import bounded
 from tests.conftest import config_for, daemon_and_kubelet, make_dev_tree
-from tests.integration.test_opsport import get
+from tests.integration.test_opsport import exchange, get
 
 LIMIT = 30
 PROBE_SECONDS = 1.0  # what a probe may take, whatever the other clients do
@@ -340,11 +340,6 @@ async def test_answers_carry_the_standard_reason_phrase():
                 ),
                 (b"GARBAGE\r\n\r\n", b"HTTP/1.1 400 Bad Request\r\n"),
             ]:
-                stream = await trio.open_tcp_stream("127.0.0.1", port)
-                async with stream:
-                    await stream.send_all(request)
-                    data = b""
-                    while chunk := await stream.receive_some(65536):
-                        data += chunk
+                data = await exchange(port, request)
                 assert data.startswith(line), data[:80]
             nursery.cancel_scope.cancel()

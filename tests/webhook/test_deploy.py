@@ -6,7 +6,6 @@ Secret, CA injection, the command line) that a schema cannot see."""
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,6 +17,7 @@ from powerdev.devtools import kit
 from powerdev.webhook.config import WebhookConfig, parse_webhook_config
 from tests.conftest import require_tool
 from tests.deploy.test_manifests import kustomize
+from tests.deploy.test_release import kustomize as release_kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "1.35.0"
@@ -277,16 +277,7 @@ PLACEHOLDER = "192.0.2.1/32"  # RFC 5737: no host's
 
 def kit_kustomize(path: Path) -> list[dict]:
     """`kubectl kustomize` with the conformance kit's kubectl."""
-    kubectl = require_tool(kit.TOOLS["kubectl"])
-    done = subprocess.run(
-        [str(kubectl), "kustomize", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+    return [d for d in release_kustomize(require_tool(kit.TOOLS["kubectl"]), path) if d]
 
 
 def with_policy(tmp_path: Path, overlay: str, patches: str | None) -> list[dict]:
