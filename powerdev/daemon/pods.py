@@ -16,7 +16,7 @@ import trio
 from powerdev.resources import allocation
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
-from powerdev.rpc.podresources import PodResourcesUnavailable, held_ids
+from powerdev.rpc.podresources import Holding, PodResourcesUnavailable, held_ids
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,10 @@ class PodsHold:
         self.socket = socket  # None: never ask (so never forget what a spec named)
         self._unheld: str | None = None  # why the kubelet could not say, while it cannot
 
-    async def held_ids(self) -> dict[str, set[str]] | None:
-        """Resource name -> device IDs pods hold, from the kubelet; None when
-        it cannot be asked (said once, and once again when it answers)."""
+    async def held_ids(self) -> Holding | None:
+        """Resource name -> device IDs pods hold -> those pods, from the
+        kubelet; None when it cannot be asked (said once, and once again
+        when it answers)."""
         if self.socket is None:
             return None
         if not await trio.Path(self.socket).exists():

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 
 import trio
@@ -125,7 +125,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 # Asks the kubelet: resource name -> device IDs some pod holds; None when it cannot be asked.
-Held = Callable[[], Awaitable["dict[str, set[str]] | None"]]
+# Asks the kubelet: resource name -> the device IDs pods hold (a mapping of
+# each ID to its pods does); None when it cannot say.
+Held = Callable[[], Awaitable["Mapping[str, Collection[str]] | None"]]
 
 
 class SpecWriter:
@@ -191,13 +193,13 @@ class SpecWriter:
         held = None
         if self._held_ids is not None:
             answer = await self._held_ids()
-            held = None if answer is None else answer.get(self._resource_name, set())
+            held = None if answer is None else answer.get(self._resource_name, ())
         async with self._lock:
             await self._write(resource, snapshot, held)
             self._done = (resource, snapshot.version if snapshot is not None else None)
 
     async def _write(
-        self, resource: ResourceConfig, snapshot: Snapshot | None, held: set[str] | None
+        self, resource: ResourceConfig, snapshot: Snapshot | None, held: Collection[str] | None
     ) -> None:
         """Under the lock: current devices, plus those written before that
         `held` (None: unknown, so all) says a pod may hold. The spec is
@@ -234,7 +236,7 @@ class SpecWriter:
         self._entries = merged
         self._log_kept(kept, held)
 
-    def _log_kept(self, kept: set[str], held: set[str] | None) -> None:
+    def _log_kept(self, kept: set[str], held: Collection[str] | None) -> None:
         newly, gone = sorted(kept - self._kept), sorted(self._kept - kept)
         if newly:
             why = "until the kubelet says no pod holds them" if held is None else "pods hold them"
@@ -289,7 +291,7 @@ def _remove(path: Path) -> None:
         log.warning("could not remove the CDI spec %s: %s", path, err.strerror)
 
 
-def _may_be_held(resource: ResourceConfig, held: set[str] | None) -> Callable[[str], bool]:
+def _may_be_held(resource: ResourceConfig, held: Collection[str] | None) -> Callable[[str], bool]:
     """Could a pod hold the device of a CDI name? `held`: the resource's
     device IDs some pod holds, as the kubelet just said; None: unknown."""
     if held is None:

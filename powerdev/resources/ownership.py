@@ -20,7 +20,9 @@ keeps, per device:
   and NodePrepareResources refuses them.
 
 A unit handed out through the device plugin API is held until the kubelet's
-PodResources API, asked after the grant settled, lists no pod holding it;
+PodResources API, asked after the grant settled, lists no pod holding it
+(while it lists some, the ledger keeps their names: a device that waits
+for the unit says which pods it waits for);
 the ledger asks while something waits for a holder to let go, every recheck
 interval (follow_pods). What pods held before this daemon started is what
 the kubelet says then; until it has answered once, every device a resource
@@ -40,7 +42,7 @@ Ledger.follow_pods(), run in the supervisor's nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -57,6 +59,11 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]  # kind, major, minor
 DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
+# What the kubelet's PodResources says: resource name -> device ID -> the
+# pods ("namespace/name") that hold it.
+PodsSay = Mapping[str, Mapping[str, Collection[str]]]
+# Pods named in a message before "and N more".
+PODS_NAMED = 3
 # Seconds from an Allocate answer to the kubelet's PodResources surely
 # listing the grant (it records it as it reads the answer).
 GRANT_SETTLES = 1.0
@@ -113,6 +120,7 @@ class Ledger:
         self._by_holder: dict[Holder, set[Key]] = {}
         self._at: dict[Holder, float] = {}  # when a holder last got its devices (trio time)
         self._provisional: set[Holder] = set()  # holders from start, until the kubelet says
+        self._pods: dict[Holder, tuple[str, ...]] = {}  # device plugin holders -> their pods
         self._units: dict[tuple[str, str], dict[str, int]] = {}  # (resource, api) -> unit -> keys
         self._waits: dict[Holder, float] = {}  # holders something waits for -> since
         # keys whose rulings may have changed -> the one resource that has ruled
@@ -232,6 +240,7 @@ class Ledger:
         self._at.pop(holder, None)
         self._waits.pop(holder, None)
         self._provisional.discard(holder)
+        self._pods.pop(holder, None)
 
     def _release(self, key: Key) -> None:
         old = self._holds.pop(key, None)
@@ -283,6 +292,11 @@ class Ledger:
 
     def holder_of(self, key: Key) -> Holder | None:
         return self._holds.get(key)
+
+    def pods_of(self, holder: Holder) -> tuple[str, ...]:
+        """The pods the kubelet last said hold this device plugin holder's
+        devices (sorted "namespace/name"); () when it has not said."""
+        return self._pods.get(holder, ())
 
     def held_units(self, resource: str, api: str) -> frozenset[str]:
         """The units of a resource held through one API."""
@@ -379,7 +393,16 @@ class Ledger:
                 self._waits[holder] = trio.current_time()
                 self._wake.set()
         what = "it" if kin == key else self._relation(key, kin)
-        return f"{what} is held as {holder}, and {until}, a pod may still reach it"
+        by = self._by_pods(holder)
+        return f"{what} is held as {holder}{by}, and {until}, a pod may still reach it"
+
+    def _by_pods(self, holder: Holder) -> str:
+        pods = self._pods.get(holder, ())
+        if not pods:
+            return ""
+        named = ", ".join(pods[:PODS_NAMED])
+        more = f" and {len(pods) - PODS_NAMED} more" if len(pods) > PODS_NAMED else ""
+        return f" by pod{'s' if len(pods) > 1 else ''} {named}{more}"
 
     # --- settling -----------------------------------------------------------
 
@@ -411,22 +434,30 @@ class Ledger:
 
     # --- what pods hold, as the kubelet says ---------------------------------
 
-    def answered(self, held: dict[str, set[str]], asked_at: float) -> None:
+    def answered(self, held: PodsSay, asked_at: float) -> None:
         """The kubelet's answer to an ask begun at `asked_at`: the device IDs
-        each resource's pods hold. A device plugin unit no pod holds, whose
-        grant had settled by then, is free; one the kubelet lists and the
-        ledger does not hold (a pod from before, a lagging answer) is held."""
+        each resource's pods hold, and which pods. A device plugin unit no
+        pod holds, whose grant had settled by then, is free; one the kubelet
+        lists and the ledger does not hold (a pod from before, a lagging
+        answer) is held. Each holder keeps the pods the kubelet named."""
         settled = asked_at - GRANT_SETTLES
         for holder in list(self._by_holder):
             if holder.api == DRA:
                 continue  # a claim: the kubelet's PodResources cannot say
-            ids = held.get(holder.resource, set())
+            ids = held.get(holder.resource, {})
             still = bool(ids) if holder.unit is None else holder.unit in ids
             keys = self._by_holder[holder]
             guessed = holder in self._provisional
             self._provisional.discard(holder)  # the kubelet has said
             if still:
+                pods = _pods_holding(ids, holder.unit)
+                if self._pods.get(holder) != pods:
+                    self._pods[holder] = pods
+                    if holder in self._waits:  # what waits for it names them
+                        for key in keys:
+                            self._mark(key)
                 continue
+            self._pods.pop(holder, None)  # none, as the kubelet says
             if not guessed and self._at.get(holder, 0.0) >= settled:
                 continue  # granted too late for this answer to say
             free = list(keys)
@@ -449,6 +480,8 @@ class Ledger:
                 for key in view.keys_of(unit):
                     if key not in self._holds:
                         self._hold(key, holder, asked_at)
+                if holder in self._by_holder:
+                    self._pods[holder] = _pods_holding(ids, unit)
         self.known = True
         self.settle()
 
@@ -486,6 +519,13 @@ class Ledger:
             if self.asks_kubelet():
                 with trio.move_on_after(interval):
                     await self._wake.wait()
+
+
+def _pods_holding(ids: Mapping[str, Collection[str]], unit: str | None) -> tuple[str, ...]:
+    """The pods holding a unit (None: any unit, "all" mode), sorted."""
+    if unit is not None:
+        return tuple(sorted(ids.get(unit, ())))
+    return tuple(sorted({pod for pods in ids.values() for pod in pods}))
 
 
 # --- at start and reload -------------------------------------------------------

@@ -26,6 +26,11 @@ LIST_TIMEOUT = 10.0  # seconds
 LIST = "/v1.PodResourcesLister/List"
 
 
+# resource name -> device ID -> the pods ("namespace/name") whose
+# containers hold it, as the kubelet says
+Holding = dict[str, dict[str, set[str]]]
+
+
 class PodResourcesUnavailable(Exception):
     """The kubelet could not be asked; str() says where and why, in one line."""
 
@@ -39,8 +44,9 @@ class _Undecoded:
         return data
 
 
-async def held_ids(socket: Path) -> dict[str, set[str]]:
-    """Resource name -> every device ID that some pod's container holds."""
+async def held_ids(socket: Path) -> Holding:
+    """Resource name -> every device ID that some pod's container holds ->
+    those pods."""
     reply = await _list(socket)
     try:
         return await trio.to_thread.run_sync(held_in, reply)
@@ -50,17 +56,24 @@ async def held_ids(socket: Path) -> dict[str, set[str]]:
         ) from None
 
 
-def held_in(reply: bytes) -> dict[str, set[str]]:
-    """Resource name -> device IDs, from an encoded ListPodResourcesResponse.
-    DecodeError if it is not one. Pure; runs in a worker thread."""
-    held: dict[str, set[str]] = {}
+def held_in(reply: bytes) -> Holding:
+    """Resource name -> device ID -> pods, from an encoded
+    ListPodResourcesResponse. DecodeError if it is not one. Pure; runs in a
+    worker thread."""
+    held: Holding = {}
     for pod in pb.ListPodResourcesResponse.FromString(reply).pod_resources:
+        name = f"{pod.namespace}/{pod.name}"
         for container in pod.containers:
             for devices in container.devices:
                 ids = held.get(devices.resource_name)
                 if ids is None:
-                    ids = held[devices.resource_name] = set()
-                ids.update(devices.device_ids)
+                    ids = held[devices.resource_name] = {}
+                for device_id in devices.device_ids:
+                    pods = ids.get(device_id)
+                    if pods is None:
+                        ids[device_id] = {name}
+                    else:
+                        pods.add(name)
     return held
 
 

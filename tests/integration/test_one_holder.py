@@ -49,7 +49,9 @@ async def test_a_second_name_in_another_resource_takes_the_device_from_both(tmp_
 
 
 @needs_root
-async def test_a_device_moved_by_reload_waits_while_a_pod_holds_it(tmp_path):
+async def test_a_device_moved_by_reload_waits_while_a_pod_holds_it_and_names_the_pod(
+    tmp_path, caplog
+):
     dev = make_dev_tree(tmp_path / "dev", ["a/x", "b/z"])
     file = tmp_path / "config.json"
     file.write_text(two(["/dev/a/*"], ["/dev/b/*"], allocation="each"))
@@ -77,6 +79,12 @@ async def test_a_device_moved_by_reload_waits_while_a_pod_holds_it(tmp_path):
             asked = kubelet.pod_resources_asked
             await kubelet.wait_until(lambda k: k.pod_resources_asked > asked + 1)
             assert sorted(units(kubelet, B).values()) == ["Healthy", "Unhealthy"]  # still held
+            said = [r.getMessage() for r in caplog.records if "is Unhealthy" in r.getMessage()]
+            assert any(
+                f"{B}: /dev/a/x is Unhealthy: it is held as unit {unit} of {A}" in line
+                and "by pod default/p1, and until the kubelet says no pod holds it" in line
+                for line in said
+            ), said
             kubelet.pods = {}  # the pod is gone
             await kubelet.wait_until(
                 lambda k: sorted(units(k, B).values()) == ["Healthy", "Healthy"]

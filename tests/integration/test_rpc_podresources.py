@@ -68,8 +68,12 @@ async def test_the_fake_kubelets_pods_are_read_resource_by_resource(tmp_path):
                 "p3": {},
             }
             assert await held_ids(kubelet.pod_resources_socket) == {
-                DEV: {"dm-0", "dm-1", "dm-2"},
-                GPU: {"g0"},
+                DEV: {
+                    "dm-0": {"default/p1"},
+                    "dm-1": {"default/p1", "default/p2"},
+                    "dm-2": {"default/p2"},
+                },
+                GPU: {"g0": {"default/p1"}},
             }
             assert kubelet.pod_resources_asked == 2
             nursery.cancel_scope.cancel()
@@ -86,9 +90,13 @@ async def test_many_pods_with_several_containers_each(tmp_path):
         async with asyncio_door(), trio.open_nursery() as nursery:
             await nursery.start(serve, socket, [lister])
             held = await held_ids(socket)
+            everyone = {f"default/pod{i}" for i in range(2000)}
             assert held == {
-                DEV: {f"dm-{i}" for i in range(2000)} | {"dm-x"},
-                GPU: {f"g{i}" for i in range(2001)},
+                DEV: {f"dm-{i}": {f"default/pod{i}"} for i in range(2000)} | {"dm-x": everyone},
+                GPU: {
+                    f"g{i}": {f"default/pod{j}" for j in (i - 1, i) if 0 <= j < 2000}
+                    for i in range(2001)
+                },
             }
             assert lister.asked == 1
             nursery.cancel_scope.cancel()

@@ -91,9 +91,9 @@ async def test_a_hold_ends_only_on_an_answer_asked_after_the_grant_settled(clock
     ledger.answered({}, trio.current_time())  # the kubelet may not have recorded it yet
     assert blocked(ledger, key, A, "wwn.new") is not None
     await trio.sleep(GRANT_SETTLES * 2)
-    ledger.answered({A.name: {"wwn.old"}}, trio.current_time())  # still held
+    ledger.answered({A.name: {"wwn.old": {"default/old"}}}, trio.current_time())  # still held
     assert blocked(ledger, key, A, "wwn.new") is not None
-    ledger.answered({A.name: {"wwn.other"}}, trio.current_time())
+    ledger.answered({A.name: {"wwn.other": {"default/other"}}}, trio.current_time())
     assert blocked(ledger, key, A, "wwn.new") is None
 
 
@@ -105,7 +105,7 @@ async def test_all_mode_waits_while_any_unit_of_the_old_resource_is_held(clock):
     assert blocked(ledger, key, shared, None) is None  # the same holder
     assert blocked(ledger, key, B, "sdb") is not None
     await trio.sleep(GRANT_SETTLES * 2)
-    ledger.answered({shared.name: {"share-2"}}, trio.current_time())
+    ledger.answered({shared.name: {"share-2": {"default/two"}}}, trio.current_time())
     assert blocked(ledger, key, B, "sdb") is not None
     ledger.answered({}, trio.current_time())
     assert blocked(ledger, key, B, "sdb") is None
@@ -145,11 +145,70 @@ async def test_a_device_a_pod_got_through_allocate_waits_under_dra_until_no_pod_
     ledger.why_held(key, key, Holder(A.name, "sdb"))  # what the verdict says registers a wait
     assert ledger.asks_kubelet()
     await trio.sleep(GRANT_SETTLES * 2)
-    ledger.answered({A.name: {"sdb"}}, trio.current_time())
+    ledger.answered({A.name: {"sdb": {"default/app"}}}, trio.current_time())
     assert blocked(ledger, key, dra, "sdb") is not None
     ledger.answered({}, trio.current_time())
     assert blocked(ledger, key, dra, "sdb") is None
     assert not ledger.asks_kubelet()
+
+
+async def test_a_device_that_waits_names_the_pods_the_kubelet_says_hold_its_unit(clock, tmp_path):
+    """The ledger keeps which pods hold each device plugin unit, as the
+    kubelet last said; what waits for the unit names them, and rules again
+    when they change."""
+    ledger = Ledger(disks(tmp_path))
+    regated: set = set()
+
+    class View:
+        resource = B
+
+        def regate(self, keys: set) -> None:
+            regated.update(keys)
+
+        def keys_of(self, unit):
+            return []
+
+        def sides_changed(self) -> None:
+            pass
+
+    ledger.attach(View())
+    ledger.granted(A.name, "sdb", [SDB])
+    holder = Holder(A.name, "sdb")
+    assert ledger.pods_of(holder) == ()  # the kubelet has not said
+    kin, found = ledger.blocking(SDB1, B, "sdb1")
+    assert "by pod" not in ledger.why_held(SDB1, kin, found)
+    await trio.sleep(GRANT_SETTLES * 2)
+    regated.clear()
+    ledger.answered({A.name: {"sdb": {"team/db-0"}, "sdc": {"team/other"}}}, trio.current_time())
+    assert ledger.pods_of(holder) == ("team/db-0",)
+    assert SDB1 in regated  # its partition waits for the unit: it rules again, naming the pod
+    said = ledger.why_held(SDB1, kin, found)
+    assert said.startswith(
+        "its whole disk block 8:16 is held as unit sdb of example.com/a (through the device plugin "
+        "API) by pod team/db-0, and until the kubelet says no pod holds it"
+    ), said
+    regated.clear()
+    ledger.answered({A.name: {"sdb": {"team/db-0"}}}, trio.current_time())
+    assert not regated  # the same pods: nothing to rule on again
+    many = {f"team/db-{i}" for i in range(5)}
+    ledger.answered({A.name: {"sdb": many}}, trio.current_time())
+    assert "by pods team/db-0, team/db-1, team/db-2 and 2 more, and" in ledger.why_held(
+        SDB1, kin, found
+    )
+    ledger.answered({}, trio.current_time())
+    assert ledger.blocking(SDB1, B, "sdb1") is None
+    assert ledger.pods_of(holder) == ()
+
+
+async def test_all_mode_a_holder_is_every_pod_that_holds_any_unit(clock):
+    shared = ResourceConfig(name="example.com/a")
+    ledger = Ledger()
+    ledger.granted(shared.name, None, [SDB])
+    await trio.sleep(GRANT_SETTLES * 2)
+    ledger.answered(
+        {shared.name: {"share-1": {"b/p"}, "share-2": {"a/p", "b/p"}}}, trio.current_time()
+    )
+    assert ledger.pods_of(Holder(shared.name, None)) == ("a/p", "b/p")
 
 
 async def test_what_pods_held_at_start_counts_as_held_until_the_kubelet_says():

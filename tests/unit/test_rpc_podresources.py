@@ -22,11 +22,13 @@ UNKNOWN = b"\x48\x07"
 
 def reply(pods: list[tuple[str, list[list[tuple[str, list[str]]]]]], extra: bool = False) -> bytes:
     """An encoded ListPodResourcesResponse: pods as (name, containers), each
-    container a list of (resource, device IDs). With `extra`, every message
-    also carries fields the kubelet sends that powerdev does not read."""
+    container a list of (resource, device IDs); a name is "namespace/name"
+    or, in "default", the name alone. With `extra`, every message also
+    carries fields the kubelet sends that powerdev does not read."""
     listing = pb.ListPodResourcesResponse()
-    for name, containers in pods:
-        pod = listing.pod_resources.add(name=name, namespace="default")
+    for named, containers in pods:
+        namespace, _, name = named.rpartition("/")
+        pod = listing.pod_resources.add(name=name, namespace=namespace or "default")
         for n, devices in enumerate(containers):
             container = pod.containers.add(name=f"c{n}")
             for resource, ids in devices:
@@ -45,28 +47,41 @@ CASES = [
     ("no pods", [], {}),
     ("a pod with no containers", [("p", [])], {}),
     ("a container that holds nothing", [("p", [[]])], {}),
-    ("one device", [("p", [[(DEV, ["dm-0"])]])], {DEV: {"dm-0"}}),
+    ("one device", [("p", [[(DEV, ["dm-0"])]])], {DEV: {"dm-0": {"default/p"}}}),
     (
         "several pods, containers and resources",
         [
             ("p1", [[(DEV, ["dm-0", "dm-1"])], [(GPU, ["g0"]), (DEV, ["dm-2"])]]),
-            ("p2", [[], [(DEV, ["dm-1", "dm-3"])]]),
+            ("team/p2", [[], [(DEV, ["dm-1", "dm-3"])]]),
             ("p3", [[(GPU, ["g1"])]]),
         ],
-        {DEV: {"dm-0", "dm-1", "dm-2", "dm-3"}, GPU: {"g0", "g1"}},
+        {
+            DEV: {
+                "dm-0": {"default/p1"},
+                "dm-1": {"default/p1", "team/p2"},
+                "dm-2": {"default/p1"},
+                "dm-3": {"team/p2"},
+            },
+            GPU: {"g0": {"default/p1"}, "g1": {"default/p3"}},
+        },
     ),
-    ("a resource with an empty ID list", [("p", [[(DEV, [])]])], {DEV: set()}),
+    (
+        "two containers of one pod with one device",
+        [("p", [[(DEV, ["dm-0"])], [(DEV, ["dm-0"])]])],
+        {DEV: {"dm-0": {"default/p"}}},
+    ),
+    ("a resource with an empty ID list", [("p", [[(DEV, [])]])], {DEV: {}}),
     (
         "two thousand pods",
         [(f"pod{i}", [[(DEV, [f"bench{i}"])]]) for i in range(2000)],
-        {DEV: {f"bench{i}" for i in range(2000)}},
+        {DEV: {f"bench{i}": {f"default/pod{i}"} for i in range(2000)}},
     ),
 ]
 
 
 @pytest.mark.parametrize(("pods", "held"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("extra", [False, True], ids=["plain", "with-fields-not-read"])
-def test_a_reply_gives_every_id_each_resource_is_held_by(pods, held, extra):
+def test_a_reply_gives_every_id_each_resource_is_held_by_and_the_pods(pods, held, extra):
     encoded = reply(pods, extra)
     if extra and pods:
         assert encoded.endswith(UNKNOWN)  # the fields powerdev does not read are on the wire
