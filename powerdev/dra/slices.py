@@ -9,10 +9,21 @@ selectors: resource, kind (block/char), path, major, minor, wwid or serial
 when its identity gives one, numaNode when known, vendor and model when
 a block device's SCSI or NVMe device says (devices/identity.py,
 block_facts). Strings over 64 characters (the API's limit) are left out.
-A block device's capacity: its size in bytes, as a quantity. Unhealthy units are not
-published; host-used devices never reach the inventory (the tracker screens
-them). build_devices() and build_slices() are pure; keep_published()
-follows the resource's inventory and deletes the pool on the way out.
+A block device's capacity: its size in bytes, as a quantity.
+
+A device's own health (devices/condition.py) is a taint on it, with the
+key dra.powerdev.io/condition: a degraded one (some paths down) is
+published with value "degraded" and effect None, for people and tools to
+see; a failed one (no path, offline, dead), which would be offered but
+for its failure, with value "failed" and effect NoSchedule, so that the
+scheduler allocates it to no claim that does not tolerate it (and
+NodePrepareResources still refuses it while it has failed). NoExecute is
+left to admins' DeviceTaintRules. A slice with a tainted device holds at
+most 64 devices (the API's limit), others 128. Other Unhealthy units are
+not published; host-used devices never reach the inventory (the tracker
+screens them). build_devices() and build_slices() are pure;
+keep_published() follows the resource's inventory and deletes the pool on
+the way out.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from typing import Any, Protocol
 import trio
 import trio.lowlevel
 
+from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name, slice_name
 from powerdev.resources.allocation import by_unit
@@ -34,6 +46,10 @@ from powerdev.support.backoff import Backoff
 log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_TAINTS = 64  # in a slice where any device has a taint
+CONDITION_TAINT = "dra.powerdev.io/condition"
+# A device's condition -> the effect of its taint (a fine device has none).
+TAINT_EFFECTS = {DEGRADED: "None", FAILED: "NoSchedule"}
 MAX_STRING = 64  # a string attribute's longest value
 RETRY = (0.1, 10.0)  # first and longest wait before publishing again after an API error
 DELETE_TIMEOUT = 5.0  # on the way out, for deleting the pool
@@ -77,40 +93,61 @@ def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[s
     }
 
 
-def build_devices(resource_name: str, devices: Sequence[Device]) -> list[dict[str, Any]]:
-    """The pool's devices: one per healthy unit, sorted by name."""
+class Health(Protocol):
+    """What the pool asks of the resource's tracker about a device's own
+    health (resources/tracker.py gives it)."""
+
+    def condition_of(self, device: Device) -> Condition: ...
+
+    def offered_but_for_failure(self, device: Device) -> bool: ...
+
+
+def build_devices(
+    resource_name: str, devices: Sequence[Device], health: Health | None = None
+) -> list[dict[str, Any]]:
+    """The pool's devices: one per healthy unit, and one per unit that has
+    failed and is otherwise offered (tainted), sorted by name. Without
+    `health`, no taints and no failed units."""
     units = by_unit(devices).items()
-    return sorted(_published(resource_name, units), key=lambda d: d["name"])
+    return sorted(_published(resource_name, units, health), key=lambda d: d["name"])
 
 
 async def build_devices_in_steps(
-    resource_name: str, devices: Sequence[Device], step: int = 500
+    resource_name: str, devices: Sequence[Device], health: Health | None = None, step: int = 500
 ) -> list[dict[str, Any]]:
     """build_devices(), letting other tasks run every `step` units: a pool of
     10,000 devices is some 50 ms of work, too long for one Trio step."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
     for start in range(0, len(units), step):
-        published += _published(resource_name, units[start : start + step])
+        published += _published(resource_name, units[start : start + step], health)
         await trio.lowlevel.checkpoint()
     return sorted(published, key=lambda d: d["name"])
 
 
 def _published(
-    resource_name: str, units: Iterable[tuple[str, list[Device]]]
+    resource_name: str, units: Iterable[tuple[str, list[Device]]], health: Health | None
 ) -> list[dict[str, Any]]:
     published = []
     for unit_id, names in units:
-        if all(d.healthy for d in names):
-            ordered = sorted(names, key=lambda d: (len(d.path), d.path))
-            device: dict[str, Any] = {
-                "name": device_name(unit_id),
-                "attributes": _attributes(resource_name, ordered),
-            }
-            facts = ordered[0].facts
-            if facts is not None and facts.size is not None:
-                device["capacity"] = {"size": {"value": str(facts.size)}}
-            published.append(device)
+        level = health.condition_of(names[0]).level if health is not None else FINE
+        if not all(d.healthy for d in names):
+            if level != FAILED or health is None:
+                continue
+            if not all(d.healthy or health.offered_but_for_failure(d) for d in names):
+                continue
+        ordered = sorted(names, key=lambda d: (len(d.path), d.path))
+        device: dict[str, Any] = {
+            "name": device_name(unit_id),
+            "attributes": _attributes(resource_name, ordered),
+        }
+        facts = ordered[0].facts
+        if facts is not None and facts.size is not None:
+            device["capacity"] = {"size": {"value": str(facts.size)}}
+        effect = TAINT_EFFECTS.get(level)
+        if effect is not None:
+            device["taints"] = [{"key": CONDITION_TAINT, "value": level, "effect": effect}]
+        published.append(device)
     return published
 
 
@@ -118,10 +155,7 @@ def build_slices(
     driver: str, node: str, resource_name: str, devices: list[dict[str, Any]], generation: int
 ) -> list[dict[str, Any]]:
     """The pool's ResourceSlices at a generation (at least one, even empty)."""
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    chunks = _chunks(devices)
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -143,6 +177,22 @@ def build_slices(
         }
         for i, chunk in enumerate(chunks)
     ]
+
+
+def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The devices in order, in slices of at most 128, or of at most 64
+    where one of them has a taint."""
+    chunks: list[list[dict[str, Any]]] = [[]]
+    tainted = False  # the last chunk has a tainted device
+    for device in devices:
+        has_taint = "taints" in device
+        limit = MAX_DEVICES_WITH_TAINTS if tainted or has_taint else MAX_DEVICES_PER_SLICE
+        if len(chunks[-1]) >= limit:
+            chunks.append([])
+            tainted = False
+        chunks[-1].append(device)
+        tainted = tainted or has_taint
+    return chunks
 
 
 class SliceApi(Protocol):
@@ -228,7 +278,9 @@ async def keep_published(
             snapshot = plugin.inventory.current
             seen = snapshot.version
             wake = pool.lost  # before any await: a loss while building is not missed
-            devices = await build_devices_in_steps(name, plugin.offered_to_dra(snapshot))
+            devices = await build_devices_in_steps(
+                name, plugin.offered_to_dra(snapshot), plugin.tracker
+            )
             if devices != published:
                 try:
                     await pool.publish(devices)

@@ -32,6 +32,7 @@ import trio
 
 from powerdev.config import ResourceConfig
 from powerdev.devices import gomatch, special
+from powerdev.devices.condition import Condition
 from powerdev.devices.events import DeviceEvent
 from powerdev.devices.family import Key
 from powerdev.devices.inventory import Inventory
@@ -198,7 +199,12 @@ class Tracker:
                 redo[path] = self.table.key_of(path)
         if not redo:
             return False
-        return self._redo(redo)
+        changed = self._redo(redo)
+        if not changed and self.resource.dra and any(k in self._by_key for k in changes.keys):
+            # the same list, but a device's own health may have changed: a
+            # taint in its DRA pool (dra/slices.py)
+            self.inventory.publish(self.inventory.current.devices, force=True)
+        return changed
 
     def _wants_key(self, path: str, key: Key) -> bool:
         return wanted_key(self.resource, path, key) or (
@@ -315,17 +321,22 @@ class Tracker:
             return None
         return sick(device)
 
-    def verdict(self, device: Device, *, listed: bool | None = None) -> Verdict:
-        """The one verdict (verdict.py) on one of its names, now."""
+    def verdict(
+        self, device: Device, *, listed: bool | None = None, health: bool = True
+    ) -> Verdict:
+        """The one verdict (verdict.py) on one of its names, now. Without
+        `health`, as if its own state said nothing (would it be offered but
+        for a failure? DRA publishes such a device tainted)."""
         key, path, resource = device.key, device.path, self.resource
         facts = self.table.facts(key)
+        failed = facts.condition.failed and health
         first = self._first.get(path, key)
         if (
             first == key
             and facts.literal_only is None
             and (facts.host_use is None or resource.allow_host_used)
             and not (facts.has_partitions and resource.allocation == "each")
-            and not facts.condition.failed
+            and not failed
             and (self.ledger is None or self.ledger.quiet(key, resource.name))
             and special.by_path(key[0], path) is None
         ):
@@ -351,7 +362,7 @@ class Tracker:
             allow_host_used=resource.allow_host_used,
             each=resource.allocation == "each",
             has_partitions=facts.has_partitions,
-            failed=facts.condition.why if facts.condition.failed else None,
+            failed=facts.condition.why if failed else None,
             renumbered=renumbered,
             rivals=rivals,
             held=held,
@@ -359,6 +370,14 @@ class Tracker:
         if listed is None:
             listed = path in self.inventory.by_path
         return judge(case, listed=listed)
+
+    def condition_of(self, device: Device) -> Condition:
+        """What the device says of its own health (condition.py)."""
+        return self.table.facts(device.key).condition
+
+    def offered_but_for_failure(self, device: Device) -> bool:
+        """Would this name be offered if the device had not failed?"""
+        return self.verdict(device, health=False).offered
 
     def left_out(self) -> dict[str, str]:
         """The names it finds and leaves out, with why (as last logged)."""

@@ -201,3 +201,57 @@ async def test_a_block_devices_size_vendor_and_model_are_accepted(api, control_p
             assert nvme["capacity"] == {"size": {"value": "4096"}}
             assert nvme["attributes"]["model"] == {"string": "Samsung SSD 970 EVO Plus 1TB"}
             assert "vendor" not in nvme["attributes"]
+
+
+def taints(item: dict, path: str) -> list[dict] | None:
+    """The taints of the device with this path, without the time the API
+    server stamps on them; None: the device is not in the slice."""
+    for device in item["spec"]["devices"]:
+        if device["attributes"]["path"]["string"] == path:
+            return [
+                {k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints", [])
+            ]
+    return None
+
+
+async def test_a_devices_own_health_is_a_taint_the_api_server_takes(api, control_plane, tmp_path):
+    """A multipath map whose paths go offline one by one and come back, with
+    no device event (the health recheck finds it): degraded is a None-effect
+    taint, failed a NoSchedule one, and both are gone once it recovers."""
+    from tests.unit.test_condition import san
+    from tests.unit.test_family import nodes
+
+    sys_root = tmp_path / "sys"
+    states = san(sys_root, kpartx=False)
+    nodes(tmp_path / "dev", {"mapper/mpatha": (253, 3)})
+    config = json.dumps(
+        {"resources": [{"name": RESOURCE, "api": "dra", "include-devices": ["/dev/mapper/*"]}]}
+    )
+    mpatha = "/dev/mapper/mpatha"
+    with trio.fail_after(LIMIT):
+        async with publishing(
+            tmp_path,
+            control_plane,
+            tmp_path / "dev",
+            config,
+            sys_root=sys_root,
+            health_interval=0.05,
+        ) as (node, driver):
+            first = slice_name(node, driver, RESOURCE, 0)
+            item = await api.wait_for(SLICES, first)
+            assert taints(item, mpatha) == []
+            states["sde"].write_text("offline\n")
+            item = await api.wait_for(SLICES, first, lambda s: taints(s, mpatha) != [])
+            assert taints(item, mpatha) == [
+                {"key": "dra.powerdev.io/condition", "value": "degraded", "effect": "None"}
+            ]
+            states["sdd"].write_text("transport-offline\n")
+            item = await api.wait_for(
+                SLICES, first, lambda s: (taints(s, mpatha) or [{}])[0].get("value") == "failed"
+            )
+            assert taints(item, mpatha) == [
+                {"key": "dra.powerdev.io/condition", "value": "failed", "effect": "NoSchedule"}
+            ]
+            for state in states.values():
+                state.write_text("running\n")
+            item = await api.wait_for(SLICES, first, lambda s: taints(s, mpatha) == [])

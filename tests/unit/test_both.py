@@ -66,9 +66,11 @@ def both(tmp_path, api: str = "both") -> tuple[Plugin, Claims]:
 
 
 def kubelet_says(plugin: Plugin, held: set[str]) -> None:
-    """The kubelet's PodResources answer, to an ask begun now."""
+    """The kubelet's PodResources answer, to an ask begun now: each of these
+    units held by a pod of its own."""
     assert plugin.ledger is not None
-    plugin.ledger.answered({RESOURCE: held}, trio.current_time())
+    pods = {unit: {f"default/pod-{unit}"} for unit in held}
+    plugin.ledger.answered({RESOURCE: pods}, trio.current_time())
 
 
 def waits_under(claims: Claims, resource: ResourceConfig, device: Device) -> bool:

@@ -14,12 +14,20 @@ import trio.lowlevel
 import trio.testing
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
+from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.health import assess_all
 from powerdev.dra.names import MAX_LABEL, device_name, driver_problem, pool_name
-from powerdev.dra.slices import MAX_DEVICES_PER_SLICE, Pool, build_devices, build_slices
+from powerdev.dra.slices import (
+    CONDITION_TAINT,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_WITH_TAINTS,
+    Pool,
+    build_devices,
+    build_slices,
+)
 from powerdev.resources.plugin import Plugin
 
 LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -109,6 +117,72 @@ def test_slices_hold_at_most_128_devices_and_say_how_many_there_are(count, sizes
         }
         assert s["spec"]["nodeName"] == "n1"
     assert len({s["metadata"]["name"] for s in slices}) == len(sizes)
+
+
+class Conditions:
+    """What a tracker says of each device's own health, by path: the level,
+    and whether a failed one would be offered but for its failure."""
+
+    def __init__(self, levels: dict[str, str], otherwise_bad: frozenset[str] = frozenset()):
+        self.levels = levels
+        self.otherwise_bad = otherwise_bad
+
+    def condition_of(self, device):
+        return Condition(self.levels.get(device.path, FINE))
+
+    def offered_but_for_failure(self, device):
+        return device.path not in self.otherwise_bad
+
+
+def test_health_is_a_taint_degraded_none_failed_noschedule_and_otherwise_bad_stays_out():
+    devices = [
+        dev("/dev/sda", 0, unit="fine"),
+        dev("/dev/sdb", 16, unit="degraded"),
+        dev("/dev/sdc", 32, healthy=False, unit="failed"),
+        dev("/dev/sdd", 48, healthy=False, unit="failed-and-held"),
+        dev("/dev/sde", 64, healthy=False, unit="held"),
+    ]
+    health = Conditions(
+        {"/dev/sdb": DEGRADED, "/dev/sdc": FAILED, "/dev/sdd": FAILED},
+        otherwise_bad=frozenset({"/dev/sdd"}),
+    )
+    published = {d["name"]: d for d in build_devices("example.com/lun", devices, health)}
+    assert sorted(published) == ["degraded", "failed", "fine"]
+    assert "taints" not in published["fine"]
+    assert published["degraded"]["taints"] == [
+        {"key": CONDITION_TAINT, "value": "degraded", "effect": "None"}
+    ]
+    assert published["failed"]["taints"] == [
+        {"key": CONDITION_TAINT, "value": "failed", "effect": "NoSchedule"}
+    ]
+    # without a tracker to ask: no taints, and no failed device
+    assert sorted(d["name"] for d in build_devices("example.com/lun", devices)) == [
+        "degraded",
+        "fine",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tainted", "sizes"),
+    [
+        ((), [128, 72]),
+        ((0,), [64, 128, 8]),
+        ((100,), [100, 64, 36]),
+        ((63, 64), [64, 64, 72]),
+        ((199,), [128, 71, 1]),
+    ],
+)
+def test_a_slice_with_a_tainted_device_holds_at_most_64(tainted, sizes):
+    taint = [{"key": CONDITION_TAINT, "value": "degraded", "effect": "None"}]
+    devices = [
+        {"name": f"d{i:03}", **({"taints": taint} if i in tainted else {})} for i in range(200)
+    ]
+    slices = build_slices("dra.powerdev.io", "n1", "example.com/lun", devices, 1)
+    assert [len(s["spec"]["devices"]) for s in slices] == sizes
+    for s in slices:
+        if any("taints" in d for d in s["spec"]["devices"]):
+            assert len(s["spec"]["devices"]) <= MAX_DEVICES_WITH_TAINTS
+    assert [d for s in slices for d in s["spec"]["devices"]] == devices  # in order, all of them
 
 
 class FakeSlices:
