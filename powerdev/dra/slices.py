@@ -2,8 +2,10 @@
 
 One pool per (node, resource), "<node>/<resource name>", in as many
 ResourceSlices as it takes at 128 devices each (the API's limit), every
-slice with the pool's generation and slice count; a new generation on
-every change. A device is one unit of "each" mode (every name of one
+slice with the pool's generation and slice count. A device keeps its slice
+across changes (place()), so a change of one device is one slice written
+at the same generation; a change to more slices is a new generation on
+every slice (Pool). A device is one unit of "each" mode (every name of one
 device), named from its unit ID (names.py). Its attributes, for CEL
 selectors: resource, kind (block/char), path, major, minor, wwid or serial
 when its identity gives one, numaNode when known, vendor and model when
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 import trio.lowlevel
@@ -44,6 +46,7 @@ from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_WITH_TAINTS = 64  # in a slice where any device has a taint
@@ -154,29 +157,46 @@ def _published(
 def build_slices(
     driver: str, node: str, resource_name: str, devices: list[dict[str, Any]], generation: int
 ) -> list[dict[str, Any]]:
-    """The pool's ResourceSlices at a generation (at least one, even empty)."""
+    """The pool's ResourceSlices at a generation, the devices in order, as a
+    new pool packs them (at least one slice, even empty)."""
     chunks = _chunks(devices)
     return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {
-                "name": slice_name(node, driver, resource_name, i),
-                "labels": {"app.kubernetes.io/managed-by": "powerdev"},
-            },
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {
-                    "name": pool_name(node, resource_name),
-                    "generation": generation,
-                    "resourceSliceCount": len(chunks),
-                },
-                "devices": chunk,
-            },
-        }
+        _slice_body(driver, node, resource_name, i, chunk, generation, len(chunks))
         for i, chunk in enumerate(chunks)
     ]
+
+
+def _slice_body(
+    driver: str,
+    node: str,
+    resource_name: str,
+    index: int,
+    devices: list[dict[str, Any]],
+    generation: int,
+    count: int,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": slice_name(node, driver, resource_name, index),
+            "labels": {"app.kubernetes.io/managed-by": "powerdev"},
+        },
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {
+                "name": pool_name(node, resource_name),
+                "generation": generation,
+                "resourceSliceCount": count,
+            },
+            "devices": devices,
+        },
+    }
+
+
+def _limit(tainted: bool) -> int:
+    return MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
 
 
 def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -186,13 +206,56 @@ def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     tainted = False  # the last chunk has a tainted device
     for device in devices:
         has_taint = "taints" in device
-        limit = MAX_DEVICES_WITH_TAINTS if tainted or has_taint else MAX_DEVICES_PER_SLICE
-        if len(chunks[-1]) >= limit:
+        if len(chunks[-1]) >= _limit(tainted or has_taint):
             chunks.append([])
             tainted = False
         chunks[-1].append(device)
         tainted = tainted or has_taint
     return chunks
+
+
+def place(
+    slots: dict[str, int], count: int, devices: Sequence[dict[str, Any]]
+) -> tuple[dict[str, int], int]:
+    """Each device's slice, keeping where it was (`slots`, by device name,
+    of a pool of `count` slices): a device that comes goes to the first
+    slice with room, a slice with a tainted device keeps at most 64 (its
+    other devices move out), and more slices are added only when no slice
+    has room. When half the slices or more could go, the pool is packed
+    again from scratch. Pure: the new slots and slice count."""
+    needed = max(1, -(-len(devices) // MAX_DEVICES_PER_SLICE))
+    if count == 0 or count >= 2 * needed + 1:
+        chunks = _chunks(list(devices))
+        return {d["name"]: i for i, chunk in enumerate(chunks) for d in chunk}, len(chunks)
+    members: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+    newcomers = []
+    for device in devices:
+        at = slots.get(device["name"])
+        if at is None or at >= count:
+            newcomers.append(device)
+        else:
+            members[at].append(device)
+    for i, group in enumerate(members):  # a taint lowered the slice's limit
+        if any("taints" in d for d in group) and len(group) > MAX_DEVICES_WITH_TAINTS:
+            keep = sorted(group, key=lambda d: ("taints" not in d, d["name"]))
+            members[i] = keep[:MAX_DEVICES_WITH_TAINTS]
+            newcomers.extend(keep[MAX_DEVICES_WITH_TAINTS:])
+    tainted = [any("taints" in d for d in group) for group in members]
+    first_free = 0
+    for device in sorted(newcomers, key=lambda d: d["name"]):
+        has_taint = "taints" in device
+        i = first_free if not has_taint else 0
+        while i < len(members) and len(members[i]) >= _limit(tainted[i] or has_taint):
+            i += 1
+        if i == len(members):
+            members.append([])
+            tainted.append(False)
+        members[i].append(device)
+        tainted[i] = tainted[i] or has_taint
+        if not has_taint:
+            first_free = i
+    placed = {d["name"]: i for i, group in enumerate(members) for d in group}
+    return placed, len(members)
 
 
 class SliceApi(Protocol):
@@ -207,7 +270,16 @@ class SliceApi(Protocol):
 
 @dataclass
 class Pool:
-    """One resource's pool on this node, as published."""
+    """One resource's pool on this node, as published.
+
+    A device keeps its slice from one generation to the next (place()), so
+    that a change of one device changes one slice: that slice is then
+    written alone, at the same generation, and the pool stays complete
+    meanwhile (the 1.36 resource slice controller's rule: a pool whose
+    slices all carry one generation is whole, whichever of them was
+    updated last). A change that touches more than one slice, adds a
+    slice or changes their count is a new generation, written to every
+    slice."""
 
     api: SliceApi
     driver: str
@@ -217,10 +289,14 @@ class Pool:
     names: tuple[str, ...] = ()  # the slices published now
     _stale: set[str] = field(default_factory=set)  # no longer needed, not yet deleted
     _lost: trio.Event = field(default_factory=trio.Event)
+    _slots: dict[str, int] = field(default_factory=dict)  # device name -> its slice
+    _count: int = 0  # slices in the pool, as last placed
+    _written: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> body on the server
 
     def lose(self) -> None:
         """Someone else deleted a slice of ours (a starting kubelet wipes its
         node's slices), or the kubelet registered us again: publish anew."""
+        self._written.clear()  # every slice is written again, at a new generation
         self._lost.set()
         self._lost = trio.Event()
 
@@ -228,16 +304,37 @@ class Pool:
     def lost(self) -> trio.Event:
         return self._lost
 
-    async def publish(self, devices: list[dict[str, Any]]) -> None:
-        """A new generation with these devices; slices no longer needed go."""
+    async def publish(self, devices: list[dict[str, Any]]) -> int:
+        """These devices, in as few writes as it takes: one slice changed is
+        one write at the same generation, more is a new generation on every
+        slice. Slices no longer needed go. Returns the slices written."""
         if self.generation == 0:  # the first time: after any generation left before
             found = await self.api.pool_slices(self.driver, self.node, self.name)
             self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
             self.names = tuple(s["metadata"]["name"] for s in found)
-        self.generation += 1
-        bodies = build_slices(self.driver, self.node, self.resource_name, devices, self.generation)
-        await _each_at_most(APPLY_AT_ONCE, self.api.apply_slice, bodies)
-        kept = {b["metadata"]["name"] for b in bodies}
+            self._written.clear()
+        self._slots, self._count = place(self._slots, self._count, devices)
+        groups: list[list[dict[str, Any]]] = [[] for _ in range(self._count)]
+        for device in devices:
+            groups[self._slots[device["name"]]].append(device)
+
+        def bodies(generation: int) -> list[dict[str, Any]]:
+            return [
+                _slice_body(
+                    self.driver, self.node, self.resource_name, i, group, generation, self._count
+                )
+                for i, group in enumerate(groups)
+            ]
+
+        now = bodies(self.generation)
+        changed = [(i, b) for i, b in enumerate(now) if self._written.get(i) != b]
+        if len(changed) > 1 or len(self._written) != self._count:
+            self.generation += 1
+            now = bodies(self.generation)
+            changed = list(enumerate(now))
+            self._written.clear()
+        await _each_at_most(APPLY_AT_ONCE, self._apply, changed)
+        kept = {b["metadata"]["name"] for b in now}
         # Forgotten before they go, so that the watch of the node's slices
         # (daemon/dra.py) does not take our own deletions for a loss.
         self._stale.update(n for n in self.names if n not in kept)
@@ -245,6 +342,12 @@ class Pool:
         for name in sorted(self._stale - kept):
             await self.api.delete_slice(name)
             self._stale.discard(name)
+        return len(changed)
+
+    async def _apply(self, slot: tuple[int, dict[str, Any]]) -> None:
+        index, body = slot
+        await self.api.apply_slice(body)
+        self._written[index] = body
 
     async def delete(self) -> None:
         """Every slice of the pool, whoever published it."""
@@ -253,6 +356,7 @@ class Pool:
             await self.api.delete_slice(name)
         self.names = ()
         self._stale.clear()
+        self._written.clear()
 
     @property
     def name(self) -> str:
@@ -336,14 +440,14 @@ async def _newer_or(plugin: Plugin, seen: int, wake: trio.Event) -> bool:
 
 
 async def _each_at_most(
-    limit: int, call: Callable[[dict[str, Any]], Awaitable[None]], items: Sequence[dict[str, Any]]
+    limit: int, call: Callable[[T], Awaitable[None]], items: Sequence[T]
 ) -> None:
     """call(item) for every item, `limit` at a time; the first error is
     raised as itself once the calls under way have ended."""
     errors: list[Exception] = []
     limiter = trio.CapacityLimiter(limit)
 
-    async def one(item: dict[str, Any]) -> None:
+    async def one(item: T) -> None:
         async with limiter:
             if errors:
                 return

@@ -14,9 +14,7 @@ from tests.controlplane_fixtures import require_tools
 
 PUBLICATION = {
     "DRA: inventory to every slice of a new pool accepted": bench.QUICK.dra_publications,
-    "DRA: one device added to every slice of the next generation accepted": (
-        bench.QUICK.dra_changes
-    ),
+    "DRA: one device added, its slice accepted": (bench.QUICK.dra_changes),
 }
 PREPARE = {
     "DRA: NodePrepareResources (1 device, claim read from the API server)",

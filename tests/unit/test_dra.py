@@ -12,6 +12,8 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
@@ -27,6 +29,7 @@ from powerdev.dra.slices import (
     Pool,
     build_devices,
     build_slices,
+    place,
 )
 from powerdev.resources.plugin import Plugin
 
@@ -183,6 +186,71 @@ def test_a_slice_with_a_tainted_device_holds_at_most_64(tainted, sizes):
         if any("taints" in d for d in s["spec"]["devices"]):
             assert len(s["spec"]["devices"]) <= MAX_DEVICES_WITH_TAINTS
     assert [d for s in slices for d in s["spec"]["devices"]] == devices  # in order, all of them
+
+
+def named(*names: str, tainted: tuple[str, ...] = ()) -> list[dict]:
+    taint = [{"key": CONDITION_TAINT, "value": "degraded", "effect": "None"}]
+    return [{"name": n, **({"taints": taint} if n in tainted else {})} for n in sorted(names)]
+
+
+def units(n: int) -> list[str]:
+    return [f"u{i:05}" for i in range(n)]
+
+
+async def test_a_one_device_change_is_one_write_at_the_same_generation():
+    api = FakeSlices()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    everyone = units(1000)
+    assert await pool.publish(named(*everyone)) == 8  # a new pool: every slice
+    assert pool.generation == 1
+    before = {k: v["spec"]["devices"] for k, v in api.slices.items()}
+    assert await pool.publish(named(*everyone, "u99999")) == 1  # one came
+    assert pool.generation == 1
+    changed = [k for k, v in api.slices.items() if v["spec"]["devices"] != before[k]]
+    assert len(changed) == 1
+    assert await pool.publish(named(*everyone[1:], "u99999")) == 1  # one went
+    # its slice had 128: a taint makes it 64, and the rest move to others
+    written = await pool.publish(named(*everyone[1:], "u99999", tainted=("u00500",)))
+    assert pool.generation == 2 and written == len(api.slices)
+    for item in api.slices.values():
+        assert item["spec"]["pool"]["generation"] == 2
+        found = item["spec"]["devices"]
+        assert len(found) <= (64 if any("taints" in d for d in found) else 128)
+    # two slices' devices changed at once: a new generation on every slice
+    assert await pool.publish(named(*everyone[2:-1], "u99999")) == len(api.slices)
+    assert pool.generation == 3
+
+
+@given(
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 400), max_size=40), st.sets(st.integers(0, 400))),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_placing_keeps_every_device_in_one_slice_within_the_limits(steps):
+    """Whatever comes and goes (and is tainted): every device in exactly
+    one slice, no slice over its limit, and a device that stays keeps its
+    slice unless its slice went over the limit or the pool was packed."""
+    slots: dict[str, int] = {}
+    count = 0
+    for present, tainted in steps:
+        devices = named(*(f"u{i:03}" for i in present), tainted=tuple(f"u{i:03}" for i in tainted))
+        before = dict(slots)
+        slots, new_count = place(slots, count, devices)
+        assert set(slots) == {d["name"] for d in devices}
+        assert all(0 <= i < new_count for i in slots.values())
+        groups: dict[int, list[dict]] = {}
+        for device in devices:
+            groups.setdefault(slots[device["name"]], []).append(device)
+        for group in groups.values():
+            assert len(group) <= (64 if any("taints" in d for d in group) else 128)
+        if count and new_count >= count:  # not packed again: who stayed kept its slice
+            crowded = {i for i, g in groups.items() if any("taints" in d for d in g)}
+            for name, i in before.items():
+                if name in slots and slots[name] != i:
+                    assert i in crowded
+        count = new_count
 
 
 class FakeSlices:
@@ -390,12 +458,12 @@ async def test_publishing_outlasts_an_api_server_away_follows_changes_and_delete
             await api.applied.wait()
             (only,) = api.slices.values()
             assert [d["name"] for d in only["spec"]["devices"]] == ["u1", "u2"]
-            assert only["spec"]["pool"]["generation"] == 5
+            assert only["spec"]["pool"]["generation"] == 4  # one slice changed: written alone
 
             api.slices.clear()  # a starting kubelet wipes the node's slices
             pool.lose()
             await api.applied.wait()
-            assert pool.generation == 6 and len(api.slices) == 1
+            assert pool.generation == 5 and len(api.slices) == 1  # every slice, anew
             nursery.cancel_scope.cancel()
     assert api.slices == {}  # deleted on the way out
 
