@@ -60,6 +60,9 @@ DELETE_TIMEOUT = 5.0  # on the way out, for deleting the pool
 # carries the pool's generation), so a large pool is many requests, and a
 # remote API server's round trips add up one after the other.
 APPLY_AT_ONCE = 4
+# A pool of this many devices or more is planned in a worker thread (about
+# 2 ms of work at 1,000 devices, 20 ms at 10,000).
+PLAN_IN_A_THREAD = 1000
 # An identity's source (devices/identity.py) -> the attribute it gives.
 _IDENTITY_ATTRIBUTES = {
     "WWID": "wwid",
@@ -227,35 +230,59 @@ def place(
     if count == 0 or count >= 2 * needed + 1:
         chunks = _chunks(list(devices))
         return {d["name"]: i for i, chunk in enumerate(chunks) for d in chunk}, len(chunks)
-    members: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+    placed: dict[str, int] = {}
+    sizes = [0] * count
+    tainted = [False] * count
     newcomers = []
     for device in devices:
-        at = slots.get(device["name"])
+        name = device["name"]
+        at = slots.get(name)
         if at is None or at >= count:
             newcomers.append(device)
-        else:
-            members[at].append(device)
-    for i, group in enumerate(members):  # a taint lowered the slice's limit
-        if any("taints" in d for d in group) and len(group) > MAX_DEVICES_WITH_TAINTS:
-            keep = sorted(group, key=lambda d: ("taints" not in d, d["name"]))
-            members[i] = keep[:MAX_DEVICES_WITH_TAINTS]
-            newcomers.extend(keep[MAX_DEVICES_WITH_TAINTS:])
-    tainted = [any("taints" in d for d in group) for group in members]
+            continue
+        placed[name] = at
+        sizes[at] += 1
+        if "taints" in device:
+            tainted[at] = True
+    crowded = {i for i in range(count) if tainted[i] and sizes[i] > MAX_DEVICES_WITH_TAINTS}
+    if crowded:  # a taint lowered a slice's limit: its untainted devices past 64 move
+        members: dict[int, list[dict[str, Any]]] = {i: [] for i in crowded}
+        for device in devices:
+            at = placed.get(device["name"], -1)
+            if at in members:
+                members[at].append(device)
+        for i, group in members.items():
+            group.sort(key=lambda d: ("taints" not in d, d["name"]))
+            for device in group[MAX_DEVICES_WITH_TAINTS:]:
+                del placed[device["name"]]
+                newcomers.append(device)
+            sizes[i] = MAX_DEVICES_WITH_TAINTS
     first_free = 0
     for device in sorted(newcomers, key=lambda d: d["name"]):
         has_taint = "taints" in device
-        i = first_free if not has_taint else 0
-        while i < len(members) and len(members[i]) >= _limit(tainted[i] or has_taint):
+        i = 0 if has_taint else first_free
+        while i < len(sizes) and sizes[i] >= _limit(tainted[i] or has_taint):
             i += 1
-        if i == len(members):
-            members.append([])
+        if i == len(sizes):
+            sizes.append(0)
             tainted.append(False)
-        members[i].append(device)
+        placed[device["name"]] = i
+        sizes[i] += 1
         tainted[i] = tainted[i] or has_taint
         if not has_taint:
             first_free = i
-    placed = {d["name"]: i for i, group in enumerate(members) for d in group}
-    return placed, len(members)
+    return placed, len(sizes)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one publication writes: computed in a worker thread."""
+
+    slots: dict[str, int]
+    count: int
+    generation: int
+    changed: list[tuple[int, dict[str, Any]]]  # (index, body) to write
+    kept: set[str]  # the pool's slice names
 
 
 class SliceApi(Protocol):
@@ -292,6 +319,7 @@ class Pool:
     _slots: dict[str, int] = field(default_factory=dict)  # device name -> its slice
     _count: int = 0  # slices in the pool, as last placed
     _written: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> body on the server
+    _written_at: int = 0  # the generation _written holds bodies of
 
     def lose(self) -> None:
         """Someone else deleted a slice of ours (a starting kubelet wipes its
@@ -313,28 +341,17 @@ class Pool:
             self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
             self.names = tuple(s["metadata"]["name"] for s in found)
             self._written.clear()
-        self._slots, self._count = place(self._slots, self._count, devices)
-        groups: list[list[dict[str, Any]]] = [[] for _ in range(self._count)]
-        for device in devices:
-            groups[self._slots[device["name"]]].append(device)
-
-        def bodies(generation: int) -> list[dict[str, Any]]:
-            return [
-                _slice_body(
-                    self.driver, self.node, self.resource_name, i, group, generation, self._count
-                )
-                for i, group in enumerate(groups)
-            ]
-
-        now = bodies(self.generation)
-        changed = [(i, b) for i, b in enumerate(now) if self._written.get(i) != b]
-        if len(changed) > 1 or len(self._written) != self._count:
-            self.generation += 1
-            now = bodies(self.generation)
-            changed = list(enumerate(now))
+        written = dict(self._written) if self._written_at == self.generation else {}
+        if len(devices) < PLAN_IN_A_THREAD:
+            plan = self._plan(devices, written)
+        else:  # at 10,000 devices some 20 ms of work: off the Trio thread
+            plan = await trio.to_thread.run_sync(self._plan, devices, written)
+        self._slots, self._count, self.generation = plan.slots, plan.count, plan.generation
+        changed, kept = plan.changed, plan.kept
+        if plan.generation != self._written_at:
             self._written.clear()
+            self._written_at = plan.generation
         await _each_at_most(APPLY_AT_ONCE, self._apply, changed)
-        kept = {b["metadata"]["name"] for b in now}
         # Forgotten before they go, so that the watch of the node's slices
         # (daemon/dra.py) does not take our own deletions for a loss.
         self._stale.update(n for n in self.names if n not in kept)
@@ -343,6 +360,30 @@ class Pool:
             await self.api.delete_slice(name)
             self._stale.discard(name)
         return len(changed)
+
+    def _plan(self, devices: list[dict[str, Any]], written: dict[int, dict[str, Any]]) -> _Plan:
+        """The slots, and the slices to write (one at the same generation,
+        or all at the next), given what the server has (`written`). Reads
+        the pool, which only publish() changes."""
+        slots, count = place(self._slots, self._count, devices)
+        groups: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        for device in devices:
+            groups[slots[device["name"]]].append(device)
+
+        def bodies(generation: int) -> list[dict[str, Any]]:
+            return [
+                _slice_body(self.driver, self.node, self.resource_name, i, group, generation, count)
+                for i, group in enumerate(groups)
+            ]
+
+        generation = self.generation
+        now = bodies(generation)
+        changed = [(i, b) for i, b in enumerate(now) if written.get(i) != b]
+        if len(changed) > 1 or len(written) != count:
+            generation += 1
+            now = bodies(generation)
+            changed = list(enumerate(now))
+        return _Plan(slots, count, generation, changed, {b["metadata"]["name"] for b in now})
 
     async def _apply(self, slot: tuple[int, dict[str, Any]]) -> None:
         index, body = slot
