@@ -56,9 +56,9 @@ TAINT_EFFECTS = {DEGRADED: "None", FAILED: "NoSchedule"}
 MAX_STRING = 64  # a string attribute's longest value
 RETRY = (0.1, 10.0)  # first and longest wait before publishing again after an API error
 DELETE_TIMEOUT = 5.0  # on the way out, for deleting the pool
-# Slices written at once: every change rewrites every slice of the pool (each
-# carries the pool's generation), so a large pool is many requests, and a
-# remote API server's round trips add up one after the other.
+# Slices written at once: a new generation rewrites every slice of the pool
+# (each carries it), so a large pool is many requests, and a remote API
+# server's round trips add up one after the other.
 APPLY_AT_ONCE = 4
 # A pool of this many devices or more is planned in a worker thread (about
 # 2 ms of work at 1,000 devices, 20 ms at 10,000).
@@ -72,7 +72,9 @@ _IDENTITY_ATTRIBUTES = {
 }
 
 
-def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[str, Any]]:
+def _attributes(
+    resource_name: str, names: Sequence[Device], said: Said | None
+) -> dict[str, dict[str, Any]]:
     first = names[0]  # every name of a unit is the same device: kind, numbers, identity
     attributes: dict[str, dict[str, Any]] = {
         "resource": {"string": resource_name},
@@ -92,11 +94,32 @@ def _attributes(resource_name: str, names: Sequence[Device]) -> dict[str, dict[s
         for key, text in (("vendor", first.facts.vendor), ("model", first.facts.model)):
             if text:
                 attributes[key] = {"string": text}
-    return {
-        key: value
-        for key, value in attributes.items()
-        if len(str(value.get("string", ""))) <= MAX_STRING
-    }
+    too_long = [k for k, v in attributes.items() if len(str(v.get("string", ""))) > MAX_STRING]
+    for key in too_long:
+        if said is not None:
+            _say_left_out(said, resource_name, first.path, key)
+        del attributes[key]
+    return attributes
+
+
+# What was said of attributes left out: (resource, path, attribute).
+Said = set[tuple[str, str, str]]
+
+
+def _say_left_out(said: Said, resource_name: str, path: str, attribute: str) -> None:
+    """Said once for each device and attribute (the API server would
+    refuse the whole slice for one string over its limit)."""
+    if (resource_name, path, attribute) in said:
+        return
+    said.add((resource_name, path, attribute))
+    log.warning(
+        "%s: %s is published without its %s attribute: longer than the %d characters "
+        "the API allows",
+        resource_name,
+        path[:200],
+        attribute,
+        MAX_STRING,
+    )
 
 
 class Health(Protocol):
@@ -109,30 +132,41 @@ class Health(Protocol):
 
 
 def build_devices(
-    resource_name: str, devices: Sequence[Device], health: Health | None = None
+    resource_name: str,
+    devices: Sequence[Device],
+    health: Health | None = None,
+    said: Said | None = None,
 ) -> list[dict[str, Any]]:
     """The pool's devices: one per healthy unit, and one per unit that has
     failed and is otherwise offered (tainted), sorted by name. Without
-    `health`, no taints and no failed units."""
+    `health`, no taints and no failed units. An attribute left out is
+    logged once where `said` keeps what was said."""
     units = by_unit(devices).items()
-    return sorted(_published(resource_name, units, health), key=lambda d: d["name"])
+    return sorted(_published(resource_name, units, health, said), key=lambda d: d["name"])
 
 
 async def build_devices_in_steps(
-    resource_name: str, devices: Sequence[Device], health: Health | None = None, step: int = 500
+    resource_name: str,
+    devices: Sequence[Device],
+    health: Health | None = None,
+    said: Said | None = None,
+    step: int = 500,
 ) -> list[dict[str, Any]]:
     """build_devices(), letting other tasks run every `step` units: a pool of
     10,000 devices is some 50 ms of work, too long for one Trio step."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
     for start in range(0, len(units), step):
-        published += _published(resource_name, units[start : start + step], health)
+        published += _published(resource_name, units[start : start + step], health, said)
         await trio.lowlevel.checkpoint()
     return sorted(published, key=lambda d: d["name"])
 
 
 def _published(
-    resource_name: str, units: Iterable[tuple[str, list[Device]]], health: Health | None
+    resource_name: str,
+    units: Iterable[tuple[str, list[Device]]],
+    health: Health | None,
+    said: Said | None,
 ) -> list[dict[str, Any]]:
     published = []
     for unit_id, names in units:
@@ -145,7 +179,7 @@ def _published(
         ordered = sorted(names, key=lambda d: (len(d.path), d.path))
         device: dict[str, Any] = {
             "name": device_name(unit_id),
-            "attributes": _attributes(resource_name, ordered),
+            "attributes": _attributes(resource_name, ordered, said),
         }
         facts = ordered[0].facts
         if facts is not None and facts.size is not None:
@@ -418,13 +452,14 @@ async def keep_published(
     backoff = Backoff(*RETRY)
     seen = -1
     published: list[dict[str, Any]] | None = None
+    said: Said = set()
     try:
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
             wake = pool.lost  # before any await: a loss while building is not missed
             devices = await build_devices_in_steps(
-                name, plugin.offered_to_dra(snapshot), plugin.tracker
+                name, plugin.offered_to_dra(snapshot), plugin.tracker, said
             )
             if devices != published:
                 try:

@@ -81,7 +81,7 @@ def dev(path, minor, *, healthy=True, identity=None, numa=None, kind="b", unit=N
     return Device(unit or path.rsplit("/", 1)[-1], path, kind, 8, minor, healthy, numa, identity)
 
 
-def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes():
+def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes(caplog):
     devices = [
         dev("/dev/dm-0", 0, identity="WWID=naa.600a", numa=1, unit="u1"),
         dev("/dev/mapper/mpatha", 0, identity="WWID=naa.600a", numa=1, unit="u1"),
@@ -89,7 +89,10 @@ def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes():
         dev("/dev/sdc", 32, healthy=False, unit="u3"),
         dev("/dev/" + "p" * 70, 48, kind="c", unit="u4"),  # a path over 64 characters
     ]
-    published = {d["name"]: d["attributes"] for d in build_devices("example.com/lun", devices)}
+    said: set = set()
+    published = {
+        d["name"]: d["attributes"] for d in build_devices("example.com/lun", devices, said=said)
+    }
     assert set(published) == {"u1", "u2", "u4"}
     assert published["u1"] == {
         "resource": {"string": "example.com/lun"},
@@ -102,6 +105,15 @@ def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes():
     }
     assert "serial" not in published["u2"]
     assert "path" not in published["u4"] and published["u4"]["kind"] == {"string": "char"}
+    lines = [r.getMessage() for r in caplog.records if "published without" in r.getMessage()]
+    assert lines == [
+        "example.com/lun: /dev/sdb is published without its serial attribute: longer than "
+        "the 64 characters the API allows",
+        f"example.com/lun: /dev/{'p' * 70} is published without its path attribute: longer "
+        "than the 64 characters the API allows",
+    ]
+    build_devices("example.com/lun", devices, said=said)  # said once
+    assert len([r for r in caplog.records if "published without" in r.getMessage()]) == 2
 
 
 @pytest.mark.parametrize(
