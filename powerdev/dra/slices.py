@@ -258,8 +258,9 @@ def place(
     of a pool of `count` slices): a device that comes goes to the first
     slice with room, a slice with a tainted device keeps at most 64 (its
     other devices move out), and more slices are added only when no slice
-    has room. When half the slices or more could go, the pool is packed
-    again from scratch. Pure: the new slots and slice count."""
+    has room. Empty slices at the end go; when half the slices or more
+    could go, the pool is packed again from scratch. Pure: the new slots
+    and slice count."""
     needed = max(1, -(-len(devices) // MAX_DEVICES_PER_SLICE))
     if count == 0 or count >= 2 * needed + 1:
         chunks = _chunks(list(devices))
@@ -305,6 +306,8 @@ def place(
         tainted[i] = tainted[i] or has_taint
         if not has_taint:
             first_free = i
+    while len(sizes) > 1 and sizes[-1] == 0:  # the last slices emptied: they go
+        sizes.pop()
     return placed, len(sizes)
 
 
