@@ -38,7 +38,7 @@ from powerdev._proto.v1alpha1 import (
     NodeWatchResourcesResponse,
 )
 from powerdev.dra import health
-from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError, UnprepareError
 from powerdev.dra.health import HealthWatch, Report
 from powerdev.dra.names import endpoint, registration_socket
 from powerdev.rpc.door import send_or_cancel, serve
@@ -168,8 +168,9 @@ async def _unprepare_all(
                 await claims.unprepare(ref)
                 answers[ref.uid] = ""
                 log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
-            except OSError as err:
-                answers[ref.uid] = f"cannot remove the CDI spec of claim {ref.uid}: {err}"
+            except UnprepareError as err:  # the checkpoint or the spec not written: it stays
+                answers[ref.uid] = str(err)
+                log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
     finally:
         watch.claims_changed()
     return answers
