@@ -68,11 +68,15 @@ SET_ASIDE = "checkpoint.json.unreadable"  # a whole checkpoint that cannot be re
 
 
 def holds_claims(state_dir: Path) -> bool:
-    """Does the checkpoint in this driver directory hold a prepared claim?"""
+    """Does the checkpoint in this driver directory hold a prepared claim, or
+    may it (it is there but cannot be read: load() says why and keeps it)?"""
     try:
-        return bool(json.loads((state_dir / CHECKPOINT).read_bytes()).get("claims"))
-    except (OSError, ValueError, AttributeError):
+        data = json.loads((state_dir / CHECKPOINT).read_bytes())
+    except FileNotFoundError:
         return False
+    except (OSError, ValueError):
+        return True
+    return not isinstance(data, dict) or data.get("claims") != {}
 
 
 class ClaimApi(Protocol):

@@ -242,3 +242,65 @@ async def test_every_write_of_the_checkpoint_and_specs_is_off_the_trio_thread(
         ("replace", "checkpoint.json", True),
         ("unlink", spec, True),
     ]
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", "not-yaml"])
+async def test_the_checkpoint_is_loaded_and_served_whatever_becomes_of_the_api_client(
+    tmp_path, kubeconfig
+):
+    """A missing token or a kubeconfig that does not parse: the claims the
+    checkpoint holds are held all the same (the device plugin side of an
+    "api": "both" resource never hands their devices out), and the kubelet
+    can unprepare them over the driver's socket."""
+    import contextlib
+
+    import trio_asyncio
+    from grpclib.client import Channel
+
+    from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1
+    from powerdev.daemon.dra import DraDriver
+    from powerdev.daemon.settings import DraSettings
+    from powerdev.dra.names import endpoint
+    from powerdev.rpc import asyncio_door
+
+    with trio.fail_after(LIMIT):
+        api = await prepared(tmp_path)  # the checkpoint: tmp_path/state
+        plugins_dir = tmp_path / "plugins"
+        plugins_dir.mkdir()
+        (tmp_path / "state").rename(plugins_dir / DRIVER)
+        config = tmp_path / "kubeconfig"
+        if kubeconfig == "not-yaml":
+            config.write_text("{{ not: yaml")
+        settings = DraSettings(
+            node_name="n1",
+            driver=DRIVER,
+            kubeconfig=config,
+            plugins_dir=plugins_dir,
+            registry_dir=tmp_path / "registry",
+            boot_id=tmp_path / "boot_id",
+        )
+        ledger = Ledger()
+        async with (
+            asyncio_door(),
+            contextlib.AsyncExitStack() as closing,
+            trio.open_nursery() as nursery,
+        ):
+            driver = DraDriver(settings, tmp_path / "cdi", list, nursery, closing, ledger=ledger)
+            await driver.resume()
+            assert held_by(ledger) == "uid-1"
+
+            async def unprepare():
+                channel = Channel(path=str(endpoint(plugins_dir, DRIVER)))
+                try:
+                    request = v1.NodeUnprepareResourcesRequest(
+                        claims=[v1.Claim(namespace="ns", name="c1", uid="uid-1")]
+                    )
+                    return await v1.DraPluginStub(channel).node_unprepare_resources(request)
+                finally:
+                    channel.close()
+
+            answer = await trio_asyncio.aio_as_trio(unprepare)()
+            assert answer.claims["uid-1"].error == ""
+            assert held_by(ledger) is None
+            nursery.cancel_scope.cancel()
+        assert api.reads == 1
