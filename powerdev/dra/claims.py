@@ -90,6 +90,9 @@ class ClaimRef:
     uid: str
 
 
+_REF_FIELDS = ("namespace", "name", "UID")
+
+
 @dataclass(frozen=True)
 class Prepared:
     """One allocated device as the kubelet is told: its CDI IDs."""
@@ -343,6 +346,15 @@ class Claims:
         held.spec["devices"].remove(spec)
 
     async def prepare(self, claim: ClaimRef) -> list[Prepared]:
+        given = (claim.namespace, claim.name, claim.uid)
+        empty = [what for what, value in zip(_REF_FIELDS, given, strict=True) if not value]
+        if empty:  # the API server would take an empty name for a LIST of all claims
+            raise PrepareError(
+                f"the claim reference {claim.namespace or '<none>'}/{claim.name or '<none>'} "
+                f"(UID {claim.uid or '<none>'}) has an empty {' and an empty '.join(empty)}: "
+                "a ResourceClaim is named by its namespace, name and UID; nothing is asked "
+                "of the API server"
+            )
         async with self._lock(claim.uid):
             held = self._held.get(claim.uid)
             if held is None:
