@@ -385,7 +385,7 @@ class Claims:
                     )
                 await self._ensure_spec(claim.uid, held)
             return [
-                Prepared(tuple(d.requests), d.pool, d.device, tuple(d.cdi_ids))
+                Prepared(_base_requests(d.requests), d.pool, d.device, tuple(d.cdi_ids))
                 for d in held.devices
             ]
 
@@ -588,6 +588,17 @@ class Claims:
                 )
                 found.append((device.pool, device.device, nodes))  # gone: no node
         return found
+
+
+def _base_requests(requests: Sequence[str]) -> tuple[str, ...]:
+    """The requests the kubelet is told a device is for: each by the name a
+    pod's container uses. With a prioritized list (firstAvailable) the
+    allocation names the subrequest the scheduler chose ("dev/small"), but a
+    container names the request ("dev"), and the kubelet hands a container
+    the CDI IDs of the devices whose request names include the one it
+    names; so, as the upstream kubelet plugin helper does, the subrequest
+    is cut off. The checkpoint keeps the allocation's own names."""
+    return tuple(dict.fromkeys(r.partition("/")[0] for r in requests))
 
 
 @dataclass(frozen=True)
