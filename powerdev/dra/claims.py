@@ -202,12 +202,12 @@ class Claims:
         aside = path.with_name(SET_ASIDE)
         try:
             os.replace(path, aside)
-            kept = f"kept as {aside}"
+            kept = f"it is kept as {aside}"
         except OSError as err:
-            kept = f"and cannot be kept as {aside} ({err})"
+            kept = f"it cannot be kept as {aside} ({err}) and is left where it is"
         log.error(
-            "DRA: the checkpoint %s cannot be read: %s; it is %s, and the driver starts with "
-            "no prepared claim: the devices its claims held are not known to be held. To fix: "
+            "DRA: the checkpoint %s cannot be read: %s; %s, and the driver starts with no "
+            "prepared claim: the devices its claims held are not known to be held. To fix: "
             "restore it from %s (a checkpoint this powerdev wrote), or delete the pods whose "
             "ResourceClaims this driver prepared",
             path,

@@ -199,6 +199,9 @@ async def _unprepare_all(
             except UnprepareError as err:  # the checkpoint or the spec not written: it stays
                 answers[ref.uid] = str(err)
                 log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
+            except Exception as err:  # anything else: this claim's error, the others go on
+                answers[ref.uid] = f"cannot unprepare claim {ref.namespace}/{ref.name}: {err}"
+                log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
     finally:
         watch.claims_changed()
     return answers
