@@ -149,6 +149,11 @@ class Claims:
         with no claim."""
         self._held, self._aside = {}, {}
         entries = await trio.to_thread.run_sync(self._read_checkpoint)
+        if entries is None:  # unreadable: what the claims' CDI specs name stays held
+            specs = await trio.to_thread.run_sync(self._claim_specs)
+            for uid, spec in specs.items():
+                self._set_aside(uid, None, spec, "the checkpoint cannot be read (see above)")
+            entries = {}
         for uid, value in entries.items():
             try:
                 self._held[uid] = parse_entry(value)
@@ -178,10 +183,10 @@ class Claims:
                     "DRA: the checkpoint %s cannot be written: %s", self.checkpoint_path, err
                 )
 
-    def _read_checkpoint(self) -> dict[str, object]:
+    def _read_checkpoint(self) -> dict[str, object] | None:
         """In a worker thread: the checkpoint's entries by claim UID. A file
         that cannot be read as a checkpoint at all is renamed aside, so that
-        the next save does not overwrite what it held."""
+        the next save does not overwrite what it held, and None returned."""
         path = self.checkpoint_path
         try:
             data = json.loads(path.read_bytes())
@@ -207,7 +212,8 @@ class Claims:
             kept = f"it cannot be kept as {aside} ({err}) and is left where it is"
         log.error(
             "DRA: the checkpoint %s cannot be read: %s; %s, and the driver starts with no "
-            "prepared claim: the devices its claims held are not known to be held. To fix: "
+            "prepared claim but those whose CDI specs are still there (their devices stay "
+            "held until the kubelet prepares or unprepares them). To fix: "
             "restore it from %s (a checkpoint this powerdev wrote), or delete the pods whose "
             "ResourceClaims this driver prepared",
             path,
@@ -215,7 +221,20 @@ class Claims:
             kept,
             aside,
         )
-        return {}
+        return None
+
+    def _claim_specs(self) -> dict[str, object]:
+        """In a worker thread: the claims' CDI specs on disk, by claim UID."""
+        found: dict[str, object] = {}
+        prefix = f"{self.driver}-"
+        try:
+            names = sorted(p.name for p in self.cdi_dir.iterdir())
+        except OSError:
+            return found
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".json"):
+                found[name[len(prefix) : -len(".json")]] = _read_json(self.cdi_dir / name)
+        return found
 
     def _set_aside(self, uid: str, value: object, on_disk: object, problem: str) -> None:
         """An entry that does not parse: kept in the file as it is, and every

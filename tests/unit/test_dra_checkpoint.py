@@ -304,3 +304,19 @@ async def test_the_checkpoint_is_loaded_and_served_whatever_becomes_of_the_api_c
             assert held_by(ledger) is None
             nursery.cancel_scope.cancel()
         assert api.reads == 1
+
+
+async def test_with_a_checkpoint_that_does_not_parse_the_devices_of_the_specs_left_stay_held(
+    tmp_path,
+):
+    with trio.fail_after(LIMIT):
+        api = await prepared(tmp_path)
+        claims = restarted(tmp_path, api)
+        claims.checkpoint_path.write_bytes(b"\0\0\0")  # a torn write, say
+        await claims.load()
+        assert held_by(claims.ledger) == "uid-1"  # from its CDI spec
+        (again,) = await claims.prepare(C1)  # the kubelet asks again: prepared anew
+        assert again.cdi_ids == (f"{DRIVER}/claim=uid-1-u1",)
+        await claims.unprepare(C1)
+        assert held_by(claims.ledger) is None
+        assert json.loads(claims.checkpoint_path.read_text())["claims"] == {}
