@@ -204,3 +204,34 @@ async def test_a_restart_whose_kubeconfig_cannot_be_used_keeps_a_claims_device_h
                 await sides.kubelet_shows(2, 1)
                 await sides.claim_ends("c1")
                 await sides.kubelet_shows(2, 2)
+
+
+async def test_a_checkpoint_entry_that_does_not_parse_keeps_its_device_held_and_serves_on(
+    api, control_plane, draharness, dmharness, tmp_path
+):
+    """A claim prepared under "both"; while powerdev is down its checkpoint
+    entry loses "devices". powerdev starts all the same and says so; the
+    claim's device stays Unhealthy for the kubelet's device manager (held
+    from the claim's CDI spec), and the kubelet's unprepare of the claim
+    frees it and forgets the entry."""
+    with trio.fail_after(LIMIT):
+        async with both_sides(api, control_plane, draharness, dmharness, tmp_path) as sides:
+            node = sides.node
+            async with powerdev(node):
+                await sides.kubelet_shows(2, 2)
+                await node.pod_with_claim("c1")
+                first = await node.harness.prepare(node.namespace, "c1")
+                await sides.kubelet_shows(2, 1)
+            checkpoint = tmp_path / "plugins" / node.driver / "checkpoint.json"
+            data = json.loads(checkpoint.read_text())
+            (entry,) = data["claims"].values()
+            del entry["devices"]
+            checkpoint.write_text(json.dumps(data))
+            async with powerdev(node) as proc:  # registered: it did not crash
+                await sides.kubelet_shows(2, 1)
+                # the kubelet answers from its own checkpoint: no call is made
+                assert await node.harness.prepare(node.namespace, "c1") == first
+                await sides.claim_ends("c1")
+                await sides.kubelet_shows(2, 2)
+                assert json.loads(checkpoint.read_text())["claims"] == {}
+                assert proc.returncode is None
