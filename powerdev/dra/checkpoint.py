@@ -96,7 +96,7 @@ def parse_entry(value: object) -> HeldClaim:
     field that is missing or of the wrong type."""
     entry = _mapping(value, "the entry")
     devices = _list(entry, "devices", "the entry")
-    spec = _mapping(entry.get("spec"), '"spec"')
+    spec = _mapping(entry.get("spec", _MISSING), '"spec"')
     _check_spec(spec)
     held = HeldClaim(
         namespace=_string(entry, "namespace", "the entry"),
@@ -183,7 +183,7 @@ def _check_spec(spec: dict[str, Any]) -> None:
         where = f'"spec"."devices"[{i}]'
         d = _mapping(d, where)
         _string(d, "name", where)
-        edits = _mapping(d.get("containerEdits"), f'{where}."containerEdits"')
+        edits = _mapping(d.get("containerEdits", _MISSING), f'{where}."containerEdits"')
         nodes = _list(edits, "deviceNodes", f'{where}."containerEdits"')
         for j, n in enumerate(nodes):
             at = f'{where}."containerEdits"."deviceNodes"[{j}]'
@@ -209,14 +209,14 @@ def _mapping(value: object, where: str) -> dict[str, Any]:
 
 
 def _list(entry: dict[str, Any], name: str, where: str) -> list[Any]:
-    value = entry.get(name)
+    value = entry.get(name, _MISSING)
     if not isinstance(value, list):
         raise EntryError(f'{where}: "{name}" must be a list, not {_kind(value)}')
     return value
 
 
 def _string(entry: dict[str, Any], name: str, where: str) -> str:
-    value = entry.get(name)
+    value = entry.get(name, _MISSING)
     if not isinstance(value, str):
         raise EntryError(f'{where}: "{name}" must be a string, not {_kind(value)}')
     return value
@@ -236,9 +236,14 @@ def _strings(entry: dict[str, Any], name: str, where: str) -> list[str]:
     return value
 
 
+_MISSING = object()  # a field the entry does not have
+
+
 def _kind(value: object) -> str:
-    if value is None:
+    if value is _MISSING:
         return "missing"
+    if value is None:
+        return "null"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), type(value).__name__
     )

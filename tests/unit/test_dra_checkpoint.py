@@ -72,6 +72,7 @@ def without(*path):
     ("change", "field"),
     [
         (without("devices"), '"devices" must be a list, not missing'),
+        (lambda e: {**e, "devices": None}, '"devices" must be a list, not null'),
         (without("spec"), '"spec" must be an object, not missing'),
         (without("devices", "pool"), '"devices"[0]: "pool" must be a string, not missing'),
         (
