@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class _NoClient:
+    """The claims' API server while there is no client: each read says why."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+    async def claim(self, namespace: str, name: str) -> None:
+        raise ConnectionError(f"no API server client: {self.problem}")
+
+
 def _read_boot_id(path: Path) -> str | None:
     try:
         return path.read_text().strip() or None
@@ -77,6 +87,7 @@ class DraDriver:
         self._table = table  # the node's devices: a prepared claim found again by identity
         self._kubelet_knows = False  # the kubelet has registered the driver
         self._claims: Claims | None = None
+        self._serving = False  # the node service and registration are served
 
     def _dra_plugins(self) -> list[Plugin]:
         return [p for p in self._plugins() if p.resource.dra]
@@ -142,19 +153,39 @@ class DraDriver:
         async with self._starting:
             if self._api is not None:
                 return self._api
+            claims = await self._claims_served()
             from powerdev.dra import kubeapi
-            from powerdev.dra.claims import Claims
-            from powerdev.rpc.dra_service import serve_driver
 
             settings = self._settings
             assert settings is not None
-            client = kubeapi.client(settings.kubeconfig)
+            try:
+                client = kubeapi.client(settings.kubeconfig)
+            except Exception as err:  # a missing token, a kubeconfig that does not parse
+                claims.api = _NoClient(f"{type(err).__name__}: {err}")
+                raise
             api = kubeapi.KubeApi(client)
             self._closing.push_async_callback(api.aclose)
+            claims.api = api
+            self._nursery.start_soon(self._watch_slices, api, settings)
+            self._api = api
+            return api
+
+    async def _claims_served(self) -> Claims:
+        """The claims with their checkpoint loaded (so the ledger knows what
+        they hold) and the driver's services served, before and whatever
+        becomes of the API server's client: the kubelet can unprepare a
+        claim, and prepare again one it prepared, without the API server.
+        Called under self._starting."""
+        from powerdev.dra.claims import Claims
+        from powerdev.rpc.dra_service import serve_driver
+
+        settings = self._settings
+        assert settings is not None
+        if self._claims is None:
             claims = Claims(
                 driver=settings.driver,
                 node=settings.node_name,
-                api=api,
+                api=_NoClient("powerdev has not built its API server client yet"),
                 plugins=self._dra_plugins,
                 cdi_dir=self._cdi_dir,
                 state_dir=settings.plugins_dir / settings.driver,
@@ -167,17 +198,17 @@ class DraDriver:
                 claims.names_of = self._table.names
             await claims.load()
             self._claims = claims
+        if not self._serving:
             await self._nursery.start(
                 serve_driver,
                 settings.driver,
                 settings.registry_dir,
                 settings.plugins_dir,
-                claims,
+                self._claims,
                 self.registered,
             )
-            self._nursery.start_soon(self._watch_slices, api, settings)
-            self._api = api
-            return api
+            self._serving = True
+        return self._claims
 
     async def _find(self, identity: str) -> list[tuple[str, int, int]]:
         """The devices that are `identity` ("SOURCE=value") now: those the
@@ -215,11 +246,24 @@ class DraDriver:
             return
         log.info("DRA: the checkpoint holds prepared claims: starting driver %s", settings.driver)
         try:
+            async with self._starting:
+                await self._claims_served()
+        except Exception as err:  # the sockets' directories; publish() tries again
+            log.error(
+                "DRA: the driver cannot serve the kubelet (%s: %s); the claims its checkpoint "
+                "holds are %s",
+                type(err).__name__,
+                err,
+                "known (held)" if self._claims is not None else "not known yet",
+            )
+            return
+        try:
             await self._start()
         except Exception as err:  # publish() tries again when a DRA resource is served
             log.error(
-                "DRA: the driver cannot start (%s: %s); the claims its checkpoint holds "
-                "are not known yet",
+                "DRA: the driver has no API server client (%s: %s); the claims its checkpoint "
+                "holds are held, and the kubelet can unprepare them; a claim not prepared "
+                "before cannot be prepared until it has one",
                 type(err).__name__,
                 err,
             )

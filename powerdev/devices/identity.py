@@ -371,6 +371,17 @@ def block_facts(sys_root: Path, number: Number) -> BlockFacts | None:
     return BlockFacts(size, vendor, model)
 
 
+def no_medium(sys_root: Path, number: Number) -> str | None:
+    """Why a block device has nothing to read or write, or None: its sysfs
+    `size` is 0 (a loop device with no file attached or detached with
+    `losetup -d`, a drive with no disc, a device-mapper map with no table).
+    A device whose size cannot be read is taken to have a medium."""
+    where = sysfs_dir(sys_root, "b", number)
+    if where is None or (_read(where / "size") or "").strip() != "0":
+        return None
+    return "it has no medium (its size in sysfs is 0: no file attached to a loop device, no disc)"
+
+
 def _vendor_model(where: Path, depth: int) -> tuple[str | None, str | None]:
     if (where / "partition").exists():
         where = where.parent

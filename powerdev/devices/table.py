@@ -65,6 +65,7 @@ class Facts:
     # the block devices whose change can change host_use (for invalidation)
     host_group: frozenset[Number] = frozenset()
     condition: Condition = UNWATCHED  # what it says of its own health (condition.py)
+    no_medium: str | None = None  # why a block device has nothing to read or write
 
     @property
     def identity_text(self) -> str | None:
@@ -739,5 +740,8 @@ def observe(
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),
             condition=condition(topology, key, kernel_names[key]),
+            no_medium=topology.once(("medium", key), partial(identity.no_medium, sys_root, number))
+            if kind == "b"
+            else None,
         )
     return result

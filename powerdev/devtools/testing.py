@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,17 +99,59 @@ def make_nodes(root: Path, names: list[str]) -> str:
     return "mknod (distinct devices)" if real else "links to /dev/null (one device)"
 
 
+MEDIUM_BYTES = 1 << 20  # the sparse file a loop device made with a medium is bound to
+
+
 class LoopControl:
-    def __init__(self, fd: int) -> None:
+    """Loop devices made and removed through /dev/loop-control. A new loop
+    device has no medium (sysfs `size` 0), and powerdev does not offer it;
+    add(index, medium=True) binds it at once to a sparse file of its own
+    (kept in `backing_dir`), as a loop device a host offers is."""
+
+    def __init__(self, fd: int, backing_dir: Path | None = None) -> None:
         self.fd = fd
         self.made: set[int] = set()
+        self.backing_dir = backing_dir
+        self._bound: set[int] = set()
 
-    def add(self, index: int) -> str:
+    def add(self, index: int, *, medium: bool = False) -> str:
         fcntl.ioctl(self.fd, LOOP_CTL_ADD, index)
         self.made.add(index)
+        if medium:
+            self.attach(index)
         return f"loop{index}"
 
+    def attach(self, index: int) -> None:
+        """Bind the loop device to its sparse file (LOOP_SET_FD)."""
+        if self.backing_dir is None:
+            raise RuntimeError("LoopControl: no backing_dir for a medium")
+        backing = self.backing_dir / f"loop{index}.img"
+        with backing.open("wb") as f:
+            f.truncate(MEDIUM_BYTES)
+        fd = os.open(f"/dev/loop{index}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
+            finally:
+                os.close(file_fd)
+        finally:
+            os.close(fd)
+        self._bound.add(index)
+
+    def detach(self, index: int) -> None:
+        """Unbind it (LOOP_CLR_FD), as `losetup -d` does."""
+        fd = os.open(f"/dev/loop{index}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, LOOP_CLR_FD, 0)
+        finally:
+            os.close(fd)
+        self._bound.discard(index)
+
     def remove(self, index: int) -> None:
+        if index in self._bound:
+            with contextlib.suppress(OSError):  # detached already (`losetup -d`)
+                self.detach(index)
         fcntl.ioctl(self.fd, LOOP_CTL_REMOVE, index)
         self.made.discard(index)
 
@@ -117,7 +160,8 @@ class LoopControl:
 def loop_control() -> Iterator[LoopControl]:
     """Loop devices made here are removed on the way out, whatever happened."""
     fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-    control = LoopControl(fd)
+    backing = tempfile.TemporaryDirectory(prefix="powerdev-loops-")
+    control = LoopControl(fd, Path(backing.name))
     try:
         for index in range(FIRST_LOOP, FIRST_LOOP + 100):  # leftovers of an interrupted run
             with contextlib.suppress(OSError):
@@ -128,6 +172,7 @@ def loop_control() -> Iterator[LoopControl]:
             with contextlib.suppress(OSError):
                 control.remove(index)
         os.close(fd)
+        backing.cleanup()
 
 
 @contextlib.contextmanager

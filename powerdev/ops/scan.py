@@ -129,6 +129,7 @@ def _judge(
         allow_host_used=resource.allow_host_used,
         each=resource.allocation == "each",
         has_partitions=facts.has_partitions,
+        no_medium=facts.no_medium,
         failed=facts.condition.why if facts.condition.failed else None,
         rivals=ledger.rivals(resource.name, key, path),
     )

@@ -337,6 +337,7 @@ class Tracker:
             and (facts.host_use is None or resource.allow_host_used)
             and not (facts.has_partitions and resource.allocation == "each")
             and not failed
+            and facts.no_medium is None
             and (self.ledger is None or self.ledger.quiet(key, resource.name))
             and special.by_path(key[0], path) is None
         ):
@@ -362,6 +363,7 @@ class Tracker:
             allow_host_used=resource.allow_host_used,
             each=resource.allocation == "each",
             has_partitions=facts.has_partitions,
+            no_medium=facts.no_medium,
             failed=facts.condition.why if failed else None,
             renumbered=renumbered,
             rivals=rivals,

@@ -11,15 +11,20 @@ slices and NodePrepareResources (dra/), and `powerdev scan` (ops/scan.py).
    listed, unless the resource allows host-used devices.
 3. In "each" mode a disk with partitions is left out (or Unhealthy where
    listed): its partitions are the units, so no two pods share blocks.
-4. A device that has failed (its own state in sysfs: no working path, SCSI
+4. A block device with no medium (sysfs `size` 0: a loop device with no
+   file attached or detached, a drive with no disc) is left out, or
+   Unhealthy where listed: there is nothing to read or write, and a pod
+   that holds it sees it fail rather than vanish; once a medium is back it
+   is offered again.
+5. A device that has failed (its own state in sysfs: no working path, SCSI
    offline, NVMe controller dead, no NX credit; condition.py) is Unhealthy,
    listed or not: capacity counts it, allocatable does not. A degraded one
    is still offered.
-5. A name that now reaches another device than the one first seen there is
+6. A name that now reaches another device than the one first seen there is
    Unhealthy: it is not what the kubelet handed out under its ID.
-6. A device another resource lists, or one whose family another resource
+7. A device another resource lists, or one whose family another resource
    lists, goes to neither: left out, or Unhealthy where listed.
-7. A device whose family has another holder (the ledger, ownership.py) is
+8. A device whose family has another holder (the ledger, ownership.py) is
    Unhealthy until that holder lets go.
 
 Plain data in, plain data out: the caller gathers the facts (the device
@@ -68,6 +73,7 @@ class Case:
     allow_host_used: bool = False
     each: bool = False  # the resource's allocation is "each"
     has_partitions: bool = False
+    no_medium: str | None = None  # why a block device has nothing to read or write
     failed: str | None = None  # what its own state says is wrong, when it has failed
     renumbered: str | None = None  # what the name reaches now, when not what it first did
     rivals: Sequence[str] = ()  # other resources that list it or its family, as phrases
@@ -88,6 +94,8 @@ def judge(case: Case, *, listed: bool) -> Verdict:
         return out(f"the host uses it: {case.host_use}")
     if case.each and case.has_partitions:
         return out(EACH_DISK_WITH_PARTITIONS)
+    if case.no_medium is not None:
+        return out(case.no_medium)
     if case.failed is not None:
         return Verdict(UNHEALTHY, f"it has failed: {case.failed}")
     if case.renumbered is not None:

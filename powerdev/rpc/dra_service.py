@@ -5,7 +5,15 @@ service, v1 and v1beta1, with the DRA health stream (v1alpha1
 NodeWatchResources: the prepared devices' health, dra/health.py), on
 <plugins dir>/<driver>/dra.sock. Thin shells: each call crosses into Trio,
 to powerdev.dra.claims or powerdev.dra.health, and the answers are built
-here from their plain data."""
+here from their plain data.
+
+The node service's requests are decoded by protobuf's own parser (the
+generated _pb2 modules), which refuses a wire format that is corrupt (a
+length past the end, a field of the wrong wire type); the door's codec
+makes that InvalidArgument. betterproto's parser takes such a request as
+whatever it could read, or fails inside the handler with a traceback. A
+claim reference without a namespace, name or UID gets its own error,
+before anything is asked of the API server."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import trio
 import trio_asyncio
 from grpclib.server import Stream
 
+from powerdev._proto import dra_v1_pb2, dra_v1beta1_pb2
 from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from powerdev._proto.pluginregistration import (
     InfoRequest,
@@ -38,7 +47,7 @@ from powerdev._proto.v1alpha1 import (
     NodeWatchResourcesResponse,
 )
 from powerdev.dra import health
-from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError, UnprepareError
 from powerdev.dra.health import HealthWatch, Report
 from powerdev.dra.names import endpoint, registration_socket
 from powerdev.rpc.door import send_or_cancel, serve
@@ -88,10 +97,29 @@ async def _refused(driver: str, error: str) -> None:
     log.error("DRA: the kubelet refused driver %s: %s", driver, error)
 
 
+_STRICT = {v1: dra_v1_pb2, v1beta1: dra_v1beta1_pb2}  # each version's protobuf classes
+PREPARE, UNPREPARE = "NodePrepareResources", "NodeUnprepareResources"
+
+
 def _node_service(api: ModuleType, claims: Claims, watch: HealthWatch) -> object:
     """The node service of one API version (v1 and v1beta1 have the same fields)."""
+    strict = _STRICT[api]
 
     class Node(api.DraPluginBase):  # type: ignore[name-defined,misc]
+        def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+            """The generated handlers, with each request decoded by protobuf."""
+            mapping = super().__mapping__()
+            for method in (PREPARE, UNPREPARE):
+                (name,) = [n for n in mapping if n.endswith(f".DRAPlugin/{method}")]
+                generated = mapping[name]
+                mapping[name] = grpclib.const.Handler(
+                    generated.func,
+                    generated.cardinality,
+                    getattr(strict, f"{method}Request"),
+                    generated.reply_type,
+                )
+            return mapping
+
         async def node_prepare_resources(self, node_prepare_resources_request):  # type: ignore[no-untyped-def]
             refs = [
                 ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims
@@ -168,8 +196,12 @@ async def _unprepare_all(
                 await claims.unprepare(ref)
                 answers[ref.uid] = ""
                 log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
-            except OSError as err:
-                answers[ref.uid] = f"cannot remove the CDI spec of claim {ref.uid}: {err}"
+            except UnprepareError as err:  # the checkpoint or the spec not written: it stays
+                answers[ref.uid] = str(err)
+                log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
+            except Exception as err:  # anything else: this claim's error, the others go on
+                answers[ref.uid] = f"cannot unprepare claim {ref.namespace}/{ref.name}: {err}"
+                log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
     finally:
         watch.claims_changed()
     return answers

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -172,3 +172,66 @@ async def test_a_restart_onto_the_device_plugin_api_keeps_a_claims_device_until_
                 await sides.kubelet_shows(2, 1)
                 await sides.claim_ends("c1")
                 await sides.kubelet_shows(2, 2)
+
+
+async def test_a_restart_whose_kubeconfig_cannot_be_used_keeps_a_claims_device_held(
+    api, control_plane, draharness, dmharness, tmp_path
+):
+    """A claim prepared under "both"; powerdev restarts with the resource on
+    the device plugin API alone and a kubeconfig that does not parse (a
+    token gone, say: with no DRA resource, the start does not refuse it).
+    The checkpoint is loaded all the same: the claim's device stays
+    Unhealthy for the kubelet's device manager, and the kubelet can
+    unprepare the claim without the API server, which frees it."""
+    with trio.fail_after(LIMIT):
+        async with both_sides(api, control_plane, draharness, dmharness, tmp_path) as sides:
+            node = sides.node
+            async with powerdev(node):
+                await sides.kubelet_shows(2, 2)
+                await node.pod_with_claim("c1")
+                await node.harness.prepare(node.namespace, "c1")
+                await sides.kubelet_shows(2, 1)
+            config = tmp_path / "config.json"
+            (entry,) = json.loads(config.read_text())["resources"]
+            entry["api"] = "device-plugin"
+            config.write_text(json.dumps({"resources": [entry]}))
+            broken = tmp_path / "broken-kubeconfig"
+            broken.write_text("{{ not: yaml")
+            given = str(control_plane.kubeconfig)
+            command = [str(broken) if arg == given else arg for arg in node.command]
+            assert command != node.command
+            async with powerdev(replace(node, command=command)):  # registered all the same
+                await sides.kubelet_shows(2, 1)
+                await sides.claim_ends("c1")
+                await sides.kubelet_shows(2, 2)
+
+
+async def test_a_checkpoint_entry_that_does_not_parse_keeps_its_device_held_and_serves_on(
+    api, control_plane, draharness, dmharness, tmp_path
+):
+    """A claim prepared under "both"; while powerdev is down its checkpoint
+    entry loses "devices". powerdev starts all the same and says so; the
+    claim's device stays Unhealthy for the kubelet's device manager (held
+    from the claim's CDI spec), and the kubelet's unprepare of the claim
+    frees it and forgets the entry."""
+    with trio.fail_after(LIMIT):
+        async with both_sides(api, control_plane, draharness, dmharness, tmp_path) as sides:
+            node = sides.node
+            async with powerdev(node):
+                await sides.kubelet_shows(2, 2)
+                await node.pod_with_claim("c1")
+                first = await node.harness.prepare(node.namespace, "c1")
+                await sides.kubelet_shows(2, 1)
+            checkpoint = tmp_path / "plugins" / node.driver / "checkpoint.json"
+            data = json.loads(checkpoint.read_text())
+            (entry,) = data["claims"].values()
+            del entry["devices"]
+            checkpoint.write_text(json.dumps(data))
+            async with powerdev(node) as proc:  # registered: it did not crash
+                await sides.kubelet_shows(2, 1)
+                # the kubelet answers from its own checkpoint: no call is made
+                assert await node.harness.prepare(node.namespace, "c1") == first
+                await sides.claim_ends("c1")
+                await sides.kubelet_shows(2, 2)
+                assert json.loads(checkpoint.read_text())["claims"] == {}
+                assert proc.returncode is None

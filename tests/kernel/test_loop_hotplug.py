@@ -1,5 +1,7 @@
 """Real kernel devices and real uevents (root): loop devices added and removed
-through /dev/loop-control reach the fake kubelet's ListAndWatch."""
+through /dev/loop-control reach the fake kubelet's ListAndWatch. Each is
+bound to a file as it is made: a loop device with no medium is not
+offered."""
 
 import os
 from pathlib import Path
@@ -30,7 +32,7 @@ async def test_loop_devices_appear_and_vanish_one_at_a_time(tmp_path):
         ) as h:
             assert h.state().devices == {}
             for index in range(FIRST, FIRST + 5):
-                name = loops.add(index)
+                name = loops.add(index, medium=True)
                 await h.kubelet.wait_until(lambda k, n=name: n in h.state().devices)
             for index in range(FIRST, FIRST + 5):
                 loops.remove(index)
@@ -50,7 +52,7 @@ async def test_a_storm_of_loop_devices_ends_exact(tmp_path):
             uevents="kernel",
         ) as h:
             indexes = range(FIRST, FIRST + 100)
-            await trio.to_thread.run_sync(lambda: [loops.add(i) for i in indexes])
+            await trio.to_thread.run_sync(lambda: [loops.add(i, medium=True) for i in indexes])
             every = {f"loop{i}" for i in indexes}
             await h.kubelet.wait_until(lambda k: set(h.state().devices) == every)
             await trio.to_thread.run_sync(lambda: [loops.remove(i) for i in indexes[::2]])
@@ -79,6 +81,6 @@ async def test_powerdev_local_shows_a_hotplug_by_name(tmp_path):
                 lambda task_status: run_local(out=out, uevents="kernel", task_status=task_status)
             )
             assert any("sample" in x or "a pod asking" in x or "no healthy" in x for x in lines)
-            loops.add(FIRST + 7)
+            loops.add(FIRST + 7, medium=True)
             await seen.wait()
             nursery.cancel_scope.cancel()

@@ -171,9 +171,9 @@ async def test_real_hotplug_changes_allocatable_both_ways(tmp_path, dmharness):
     with trio.fail_after(LIMIT), loop_control() as loops:
         async with node(tmp_path, dmharness, config, Path("/dev"), "--uevents", "kernel") as n:
             assert (await n.dm.call("waitlive", 10000))["ok"]
-            loops.add(390)
+            loops.add(390, medium=True)
             await n.wait(1, 1)
-            loops.add(391)
+            loops.add(391, medium=True)
             await n.wait(2, 2)
             assert (await n.dm.call("admit", "p1", 1))["admitted"]
             loops.remove(390)

@@ -771,3 +771,21 @@ async def test_devices_built_in_steps_are_those_built_at_once():
     at_once = build_devices("example.com/lun", devices)
     assert await build_devices_in_steps("example.com/lun", devices, step=64) == at_once
     assert len(at_once) == 900 - len({i % 900 for i in range(1200) if i % 7 == 0})
+
+
+async def test_a_device_of_a_subrequest_is_answered_for_its_request(tmp_path):
+    """firstAvailable: the allocation names "dev/small"; a container names
+    "dev", so the answer says "dev" (the checkpoint keeps "dev/small")."""
+    api = FakeClaims()
+    api.allocate("c1", "uid-1", "u1")
+    api.claims[("ns", "c1")]["status"]["allocation"]["devices"]["results"][0]["request"] = (
+        "dev/small"
+    )
+    claims = make_claims(tmp_path, api, DEVICES)
+    (prepared,) = await claims.prepare(ClaimRef("ns", "c1", "uid-1"))
+    assert prepared.requests == ("dev",)
+    saved = json.loads(claims.checkpoint_path.read_text())["claims"]["uid-1"]
+    assert saved["devices"][0]["requests"] == ["dev/small"]
+    again = make_claims(tmp_path, api, DEVICES)  # answered from the checkpoint after a restart
+    await again.load()
+    assert await again.prepare(ClaimRef("ns", "c1", "uid-1")) == [prepared]
