@@ -145,20 +145,36 @@ def build_devices(
     return sorted(_published(resource_name, units, health, said), key=lambda d: d["name"])
 
 
+# unit ID -> (its names, its condition, what was published for them: a
+# device, or None)
+Built = dict[str, tuple[tuple[Device, ...], str, "dict[str, Any] | None"]]
+
+
 async def build_devices_in_steps(
     resource_name: str,
     devices: Sequence[Device],
     health: Health | None = None,
     said: Said | None = None,
     step: int = 500,
+    built: Built | None = None,
 ) -> list[dict[str, Any]]:
     """build_devices(), letting other tasks run every `step` units: a pool of
-    10,000 devices is some 50 ms of work, too long for one Trio step."""
+    10,000 devices is some 100 ms of work, too long for one Trio step. With
+    `built` (what the last call built, updated here), a unit whose names
+    and condition are the same objects as then is not built again: a
+    change of one device costs one device's work and a pass over the
+    rest."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
+    fresh: Built = {}
     for start in range(0, len(units), step):
-        published += _published(resource_name, units[start : start + step], health, said)
+        published += _published(
+            resource_name, units[start : start + step], health, said, built, fresh
+        )
         await trio.lowlevel.checkpoint()
+    if built is not None:
+        built.clear()
+        built.update(fresh)
     return sorted(published, key=lambda d: d["name"])
 
 
@@ -167,28 +183,54 @@ def _published(
     units: Iterable[tuple[str, list[Device]]],
     health: Health | None,
     said: Said | None,
+    built: Built | None = None,
+    fresh: Built | None = None,
 ) -> list[dict[str, Any]]:
     published = []
     for unit_id, names in units:
         level = health.condition_of(names[0]).level if health is not None else FINE
-        if not all(d.healthy for d in names):
-            if level != FAILED or health is None:
+        if built is not None and fresh is not None:
+            kept = tuple(names)
+            before = built.get(unit_id)
+            if before is not None and before[1] == level and before[0] == kept:
+                if before[2] is not None:
+                    published.append(before[2])
+                fresh[unit_id] = before
                 continue
-            if not all(d.healthy or health.offered_but_for_failure(d) for d in names):
-                continue
-        ordered = sorted(names, key=lambda d: (len(d.path), d.path))
-        device: dict[str, Any] = {
-            "name": device_name(unit_id),
-            "attributes": _attributes(resource_name, ordered, said),
-        }
-        facts = ordered[0].facts
-        if facts is not None and facts.size is not None:
-            device["capacity"] = {"size": {"value": str(facts.size)}}
-        effect = TAINT_EFFECTS.get(level)
-        if effect is not None:
-            device["taints"] = [{"key": CONDITION_TAINT, "value": level, "effect": effect}]
-        published.append(device)
+        device = _one(resource_name, unit_id, names, level, health, said)
+        if device is not None:
+            published.append(device)
+        if fresh is not None and level != FAILED:  # a failed one's fate follows its holders
+            fresh[unit_id] = (tuple(names), level, device)
     return published
+
+
+def _one(
+    resource_name: str,
+    unit_id: str,
+    names: list[Device],
+    level: str,
+    health: Health | None,
+    said: Said | None,
+) -> dict[str, Any] | None:
+    """What the pool publishes for one unit, or None."""
+    if not all(d.healthy for d in names):
+        if level != FAILED or health is None:
+            return None
+        if not all(d.healthy or health.offered_but_for_failure(d) for d in names):
+            return None
+    ordered = sorted(names, key=lambda d: (len(d.path), d.path))
+    device: dict[str, Any] = {
+        "name": device_name(unit_id),
+        "attributes": _attributes(resource_name, ordered, said),
+    }
+    facts = ordered[0].facts
+    if facts is not None and facts.size is not None:
+        device["capacity"] = {"size": {"value": str(facts.size)}}
+    effect = TAINT_EFFECTS.get(level)
+    if effect is not None:
+        device["taints"] = [{"key": CONDITION_TAINT, "value": level, "effect": effect}]
+    return device
 
 
 def build_slices(
@@ -456,13 +498,14 @@ async def keep_published(
     seen = -1
     published: list[dict[str, Any]] | None = None
     said: Said = set()
+    built: Built = {}
     try:
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
             wake = pool.lost  # before any await: a loss while building is not missed
             devices = await build_devices_in_steps(
-                name, plugin.offered_to_dra(snapshot), plugin.tracker, said
+                name, plugin.offered_to_dra(snapshot), plugin.tracker, said, built=built
             )
             if devices != published:
                 try:

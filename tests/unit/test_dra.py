@@ -177,6 +177,27 @@ def test_health_is_a_taint_degraded_none_failed_noschedule_and_otherwise_bad_sta
     ]
 
 
+async def test_a_unit_built_before_is_reused_until_its_names_or_condition_change():
+    from powerdev.dra.slices import build_devices_in_steps
+
+    devices = [dev(f"/dev/sd{c}", i * 16, unit=f"u{i}") for i, c in enumerate("abcd")]
+    health = Conditions({})
+    built: dict = {}
+    first = await build_devices_in_steps("example.com/lun", devices, health, built=built)
+    assert first == build_devices("example.com/lun", devices, health)  # the same devices
+    devices[1] = dev("/dev/sdb", 16, unit="u1", numa=1)  # this one changed
+    health.levels["/dev/sdc"] = DEGRADED  # and this one's condition
+    second = await build_devices_in_steps("example.com/lun", devices, health, built=built)
+    assert second == build_devices("example.com/lun", devices, health)
+    by_name = {d["name"]: d for d in first}
+    assert [d is by_name[d["name"]] for d in second] == [True, False, False, True]
+    assert second[1]["attributes"]["numaNode"] == {"int": 1}
+    assert second[2]["taints"][0]["value"] == "degraded"
+    del devices[3]  # a unit gone is forgotten
+    await build_devices_in_steps("example.com/lun", devices, health, built=built)
+    assert sorted(built) == ["u0", "u1", "u2"]
+
+
 @pytest.mark.parametrize(
     ("tainted", "sizes"),
     [
