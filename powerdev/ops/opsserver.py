@@ -35,9 +35,9 @@ registering again, or serving on a socket that accepts connections.
 accepts connections. Both say why in the body, one line per resource, as
 `powerdev health` does.
 
-Why not hypercorn, which serves the webhook: it has no bound on open
-connections and none can be added through its API (only by driving its
-private TCPServer class from our own accept loop); its sends are shielded
+Why not hypercorn, an ASGI server with a Trio worker: it has no bound on
+open connections and none can be added through its API (only by driving
+its private TCPServer class from our own accept loop); its sends are shielded
 from cancellation, so a client that never reads an answer larger than the
 socket buffers holds the connection, and the server's shutdown, for ever;
 and it speaks HTTP/2 on a plain port to any client that asks (prior
