@@ -147,7 +147,10 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             three = ["/dev/dra0", "/dev/dra1", "/dev/dra2"]
             before = await api.wait_for(SLICES, first, lambda s: paths(s) == three)
             generation = before["spec"]["pool"]["generation"]
-            text = await wait_for_file(log, lambda t: generation in published(t))
+            # the log line of that publication: of its three devices (one
+            # slice written alone keeps the generation an earlier one had)
+            said = f"published 3 DRA devices in pool {pool_name(node.name, RESOURCE)} "
+            text = await wait_for_file(log, lambda t: f"{said}(generation {generation})" in t)
             publications = published(text)
             assert publications[-1] == generation
             names = device_paths(before)
