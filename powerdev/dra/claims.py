@@ -28,6 +28,11 @@ partition) is not prepared (a per-claim error; the kubelet tries again),
 and a device a claim holds stays Unhealthy under any other holder (the
 device plugin side of an "api": "both" resource included) until the claim
 is unprepared.
+
+A device a claim gets with admin access (`adminAccess: true` in its
+request, for monitoring and diagnosis) is no holder: it is prepared
+whoever else holds the device, and it keeps no one else from it; its CDI
+spec lets the container read the device, never write it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ from powerdev.resources.plugin import Plugin
 log = logging.getLogger(__name__)
 
 CDI_CLASS = "claim"  # the CDI kind of every claim's devices: <driver>/claim
+# What a container of a claim with admin access may do with its devices:
+# read them (and the kernel's ioctls a reader may make), never write.
+ADMIN_PERMISSIONS = "r"
 CHECKPOINT = "checkpoint.json"
 CHECKPOINT_VERSION = VERSION
 SET_ASIDE = "checkpoint.json.unreadable"  # a whole checkpoint that cannot be read, kept
@@ -500,21 +508,20 @@ class Claims:
                     f"{where}: device {result['device']} of pool {result['pool']} {found}"
                 )
             unit_id, names = found
-            why = self._blocked(plugin, unit_id, names, ref.uid)
+            admin = bool(result.get("adminAccess"))
+            # admin access is no holder: it may reach a device others hold
+            why = None if admin else self._blocked(plugin, unit_id, names, ref.uid)
             if why is not None:
                 raise PrepareError(
                     f"{where}: device {result['device']} of pool {result['pool']} {why}; "
                     "it is prepared once that holder lets go"
                 )
             cdi_name = f"{ref.uid}-{result['device']}"
-            spec_devices.append(
-                {
-                    "name": cdi_name,
-                    "containerEdits": {
-                        "deviceNodes": [device_node(plugin.resource, d) for d in names]
-                    },
-                }
-            )
+            nodes = [device_node(plugin.resource, d) for d in names]
+            if admin:  # to look, not to write: another claim may hold it
+                for node in nodes:
+                    node["permissions"] = ADMIN_PERMISSIONS
+            spec_devices.append({"name": cdi_name, "containerEdits": {"deviceNodes": nodes}})
             devices.append(
                 HeldDevice(
                     requests=[result["request"]],
@@ -523,7 +530,7 @@ class Claims:
                     cdi_ids=[f"{self.driver}/{CDI_CLASS}={cdi_name}"],
                     resource=plugin.resource.name,
                     unit=unit_id,
-                    admin=bool(result.get("adminAccess")),  # the ledger records it
+                    admin=admin,
                     keys=sorted({d.key for d in names}),
                     identity=names[0].identity,
                 )
@@ -566,8 +573,8 @@ class Claims:
             self.ledger.unclaimed(uid)
             return
         for d in held.devices:
-            if d.resource is not None and d.unit is not None:
-                self.ledger.claimed(d.resource, d.unit, d.keys, uid, admin=d.admin)
+            if d.resource is not None and d.unit is not None and not d.admin:
+                self.ledger.claimed(d.resource, d.unit, d.keys, uid)
 
     async def _ensure_spec(self, uid: str, held: HeldClaim, *, again: bool = False) -> None:
         path = self.spec_path(uid)

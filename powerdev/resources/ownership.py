@@ -13,7 +13,7 @@ keeps, per device:
 - Who holds it, one holder a device: a unit of a resource through the
   device plugin API (Allocate handed it out: in "each" mode the unit, in
   "all" mode any unit, since every grant carries every device), or a
-  ResourceClaim through DRA (its UID, and whether it is admin access).
+  ResourceClaim through DRA (its UID; a claim with admin access is no holder).
   Inside one family there is never more than one holder: while a device is
   held, the other devices of its family (its partitions, new ones
   included; its aliases; its disk) are Unhealthy under any other holder,
