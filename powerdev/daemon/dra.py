@@ -22,6 +22,7 @@ from powerdev.devices.discovery import probe
 from powerdev.devices.identity import block_devices_with
 from powerdev.devices.table import DeviceTable
 from powerdev.dra.names import endpoint
+from powerdev.ops import metrics
 from powerdev.ops.status import StatusFile
 from powerdev.resources.ownership import Ledger
 from powerdev.resources.plugin import Plugin
@@ -197,6 +198,7 @@ class DraDriver:
                 claims.key_of = self._key_of
                 claims.names_of = self._table.names
             await claims.load()
+            metrics.dra_claims_loaded(claims.prepared_count)
             self._claims = claims
         if not self._serving:
             await self._nursery.start(

@@ -149,6 +149,11 @@ class Claims:
     def spec_path(self, uid: str) -> Path:
         return self.cdi_dir / f"{self.driver}-{uid}.json"
 
+    @property
+    def prepared_count(self) -> int:
+        """The claims prepared now (those set aside count too: they hold)."""
+        return len(self._held) + len(self._aside)
+
     async def load(self) -> None:
         """Read the checkpoint, bind each prepared device to what it is now
         (_rebind), and write again every spec that is gone or changed. An

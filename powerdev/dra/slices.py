@@ -41,6 +41,7 @@ import trio.lowlevel
 from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.model import Device
 from powerdev.dra.names import device_name, pool_name, slice_name
+from powerdev.ops import metrics
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
@@ -495,6 +496,7 @@ async def keep_published(
     (or first tried). On the way out, the pool is deleted."""
     name = plugin.resource.name
     backoff = Backoff(*RETRY)
+    metrics.dra_served(name)
     seen = -1
     published: list[dict[str, Any]] | None = None
     said: Said = set()
@@ -509,8 +511,9 @@ async def keep_published(
             )
             if devices != published:
                 try:
-                    await pool.publish(devices)
+                    written = await pool.publish(devices)
                 except Exception as err:  # the API server: unreachable, refusing
+                    metrics.dra_publish_failed(name)
                     log.warning(
                         "%s: cannot publish its ResourceSlices (%s): trying again", name, err
                     )
@@ -520,6 +523,7 @@ async def keep_published(
                     continue
                 backoff.reset()
                 published = devices
+                metrics.dra_published(name, written, len(pool.names))
                 log.info(
                     "%s: published %d DRA devices in pool %s (generation %d)",
                     name,
@@ -535,6 +539,7 @@ async def keep_published(
         with trio.CancelScope(shield=True), trio.move_on_after(DELETE_TIMEOUT) as waited:
             try:
                 await pool.delete()
+                metrics.dra_pool_gone(name)
             except Exception as err:
                 log.warning("%s: cannot delete its ResourceSlices (%s)", name, err)
         if waited.cancelled_caught:

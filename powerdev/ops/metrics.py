@@ -114,6 +114,42 @@ LAST_GOOD_CONFIG = Gauge(
 )
 for _result in ("applied", "rejected"):
     RELOADS.labels(_result)
+DRA_PUBLICATIONS = Counter(
+    "powerdev_dra_publications",
+    "Publications of a DRA resource's pool (one slice at the same generation, "
+    "or a new generation on every slice), by result (ok, failed: the API server "
+    "unreachable or refusing; it is tried again)",
+    ["resource", "result"],
+    registry=REGISTRY,
+)
+DRA_SLICE_WRITES = Counter(
+    "powerdev_dra_slice_writes",
+    "ResourceSlices written by the publications that succeeded",
+    ["resource"],
+    registry=REGISTRY,
+)
+DRA_SLICES = Gauge(
+    "powerdev_dra_slices",
+    "ResourceSlices of the resource's pool, as last published",
+    ["resource"],
+    registry=REGISTRY,
+)
+DRA_CLAIM_SECONDS = Histogram(
+    "powerdev_dra_claim_duration_seconds",
+    "NodePrepareResources and NodeUnprepareResources, per claim, by operation "
+    "(prepare, unprepare) and result (ok, error)",
+    ["operation", "result"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=REGISTRY,
+)
+DRA_CLAIMS = Gauge(
+    "powerdev_dra_claims_prepared",
+    "ResourceClaims prepared on this node now (as the driver's checkpoint holds them)",
+    registry=REGISTRY,
+)
+for _operation in ("prepare", "unprepare"):
+    for _result in ("ok", "error"):
+        DRA_CLAIM_SECONDS.labels(_operation, _result)
 REFUSALS = ("unknown_id", "unhealthy_id", "other")
 REGISTER_FAILURE_KINDS = ("unreachable", "refused")
 RESCAN_CAUSES = ("start", "interval", "event", "sighup", "config")
@@ -150,6 +186,41 @@ def resource_served(resource: str) -> None:
     ALLOCATE_SECONDS.labels(resource)
     for client in ("kubelet", "other"):
         STREAMS.labels(resource, client)
+
+
+def dra_served(resource: str) -> None:
+    """A DRA resource's series, at zero from its first publication."""
+    for result in ("ok", "failed"):
+        DRA_PUBLICATIONS.labels(resource, result)
+    DRA_SLICE_WRITES.labels(resource)
+    DRA_SLICES.labels(resource)
+
+
+def dra_published(resource: str, written: int, slices: int) -> None:
+    DRA_PUBLICATIONS.labels(resource, "ok").inc()
+    DRA_SLICE_WRITES.labels(resource).inc(written)
+    DRA_SLICES.labels(resource).set(slices)
+
+
+def dra_publish_failed(resource: str) -> None:
+    DRA_PUBLICATIONS.labels(resource, "failed").inc()
+
+
+def dra_pool_gone(resource: str) -> None:
+    """The resource's pool was deleted (it left the config, powerdev stops)."""
+    DRA_SLICES.labels(resource).set(0)
+
+
+def dra_claim_done(operation: str, began: float, ok: bool, prepared: int) -> None:
+    """One claim prepared or unprepared (or not), `began` at time.perf_counter();
+    `prepared`: the claims prepared now."""
+    result = "ok" if ok else "error"
+    DRA_CLAIM_SECONDS.labels(operation, result).observe(time.perf_counter() - began)
+    DRA_CLAIMS.set(prepared)
+
+
+def dra_claims_loaded(prepared: int) -> None:
+    DRA_CLAIMS.set(prepared)
 
 
 def registered(resource: str) -> None:

@@ -50,6 +50,7 @@ from powerdev.dra import health
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError, UnprepareError
 from powerdev.dra.health import HealthWatch, Report
 from powerdev.dra.names import endpoint, registration_socket
+from powerdev.ops import metrics
 from powerdev.rpc.door import send_or_cancel, serve
 
 log = logging.getLogger(__name__)
@@ -167,8 +168,10 @@ async def _prepare_all(
     answers: dict[str, object] = {}
 
     async def one(ref: ClaimRef) -> None:
+        began, ok = time.perf_counter(), False
         try:
             answers[ref.uid] = await claims.prepare(ref)
+            ok = True
             log.info("DRA: prepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
         except PrepareError as err:
             answers[ref.uid] = str(err)
@@ -176,6 +179,8 @@ async def _prepare_all(
         except Exception as err:  # the API server unreachable, a file not written
             answers[ref.uid] = f"cannot prepare claim {ref.namespace}/{ref.name}: {err}"
             log.warning("DRA: claim %s/%s not prepared: %s", ref.namespace, ref.name, err)
+        finally:
+            metrics.dra_claim_done("prepare", began, ok, claims.prepared_count)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -192,9 +197,11 @@ async def _unprepare_all(
     answers: dict[str, str] = {}
     try:
         for ref in refs:
+            began, ok = time.perf_counter(), False
             try:
                 await claims.unprepare(ref)
                 answers[ref.uid] = ""
+                ok = True
                 log.info("DRA: unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
             except UnprepareError as err:  # the checkpoint or the spec not written: it stays
                 answers[ref.uid] = str(err)
@@ -202,6 +209,8 @@ async def _unprepare_all(
             except Exception as err:  # anything else: this claim's error, the others go on
                 answers[ref.uid] = f"cannot unprepare claim {ref.namespace}/{ref.name}: {err}"
                 log.warning("DRA: claim %s/%s not unprepared: %s", ref.namespace, ref.name, err)
+            finally:
+                metrics.dra_claim_done("unprepare", began, ok, claims.prepared_count)
     finally:
         watch.claims_changed()
     return answers

@@ -23,6 +23,7 @@ from powerdev._proto import dra_v1_pb2, dra_v1beta1_pb2
 from powerdev._proto.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from powerdev._proto.pluginregistration import InfoRequest, RegistrationStatus, RegistrationStub
 from powerdev.dra.names import endpoint, registration_socket
+from powerdev.ops import metrics
 from powerdev.rpc import asyncio_door
 from powerdev.rpc.dra_service import serve_driver
 from tests.unit.test_dra import DEVICES, DRIVER, POOL, FakeClaims, make_claims
@@ -41,7 +42,22 @@ async def call(path, make):
     return await trio_asyncio.aio_as_trio(run)()
 
 
+def claim_calls() -> dict[tuple[str, str], float]:
+    """How many claims /metrics counts prepared and unprepared, by result."""
+    found = {}
+    for family in metrics.REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name == "powerdev_dra_claim_duration_seconds_count":
+                found[(sample.labels["operation"], sample.labels["result"])] = sample.value
+    return found
+
+
+def prepared_now() -> float:
+    return metrics.REGISTRY.get_sample_value("powerdev_dra_claims_prepared")
+
+
 async def test_registration_and_both_node_service_versions(tmp_path):
+    before = claim_calls()
     api = FakeClaims()
     api.allocate("c1", "uid-1", "u1")
     claims = make_claims(tmp_path, api, DEVICES)
@@ -82,6 +98,7 @@ async def test_registration_and_both_node_service_versions(tmp_path):
             )
             assert device.cdi_device_ids == [f"{DRIVER}/claim=uid-1-u1"]
             assert "does not exist" in answer.claims["uid-2"].error
+            assert prepared_now() == 1
 
             undo = v1.NodeUnprepareResourcesRequest(
                 claims=[v1.Claim(namespace="ns", name="c1", uid="uid-1")]
@@ -92,6 +109,14 @@ async def test_registration_and_both_node_service_versions(tmp_path):
             assert answer.claims["uid-1"].error == ""
             assert not claims.spec_path("uid-1").exists()
             nursery.cancel_scope.cancel()
+    after = claim_calls()
+    assert {k: after[k] - before.get(k, 0) for k in after} == {
+        ("prepare", "ok"): 1,
+        ("prepare", "error"): 1,
+        ("unprepare", "ok"): 1,
+        ("unprepare", "error"): 0,
+    }
+    assert prepared_now() == 0
 
 
 class _Raw(CodecBase):

@@ -24,6 +24,7 @@ from powerdev.daemon.settings import DraSettings, Settings
 from powerdev.devtools.cluster.controlplane import ControlPlane
 from powerdev.devtools.testing import NODE_MAJOR, is_root, make_nodes
 from powerdev.dra.names import pool_name, slice_name
+from powerdev.ops import metrics
 from powerdev.rpc import asyncio_door
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
@@ -83,6 +84,19 @@ def paths(item: dict) -> list[str]:
     return sorted(d["attributes"]["path"]["string"] for d in item["spec"]["devices"])
 
 
+def publications() -> dict[str, float]:
+    """/metrics: this resource's publications by result, slice writes, slices."""
+    sample = metrics.REGISTRY.get_sample_value
+    return {
+        "ok": sample("powerdev_dra_publications_total", {"resource": RESOURCE, "result": "ok"}),
+        "failed": sample(
+            "powerdev_dra_publications_total", {"resource": RESOURCE, "result": "failed"}
+        ),
+        "writes": sample("powerdev_dra_slice_writes_total", {"resource": RESOURCE}),
+        "slices": sample("powerdev_dra_slices", {"resource": RESOURCE}),
+    }
+
+
 async def test_a_pool_is_published_kept_current_and_deleted(api, control_plane, tmp_path):
     dev = tmp_path / "dev"
     make_nodes(dev, ["dra0", "dra1"])
@@ -118,11 +132,19 @@ async def test_a_pool_is_published_kept_current_and_deleted(api, control_plane, 
             assert paths(item) == ["/dev/dra0", "/dev/dra1", "/dev/dra2"]
             # one slice changed: written alone, at the same generation
             assert item["spec"]["pool"]["generation"] == generation
+            counted = publications()
             (dev / "dra0").unlink()
             item = await api.wait_for(SLICES, first, lambda s: "/dev/dra0" not in paths(s))
             assert paths(item) == ["/dev/dra1", "/dev/dra2"]
+            now = publications()
+            assert now["slices"] == 1
+            # (the count follows the API server's answer: the last publication
+            # before may be counted after its slice was seen)
+            assert now["ok"] > counted["ok"]
+            assert now["writes"] - counted["writes"] == now["ok"] - counted["ok"]  # one each
         # powerdev stopped: its pool is gone.
         await api.wait_gone(SLICES, first)
+        assert publications()["slices"] == 0
 
 
 async def test_200_devices_make_two_slices_of_one_generation(api, control_plane, tmp_path):
