@@ -168,7 +168,8 @@ def local(args: argparse.Namespace) -> int:
                 raise ConfigError(
                     str(args.config), None, "does not exist", "give the path of a config.json"
                 )
-            load_checked(args, Pyudev(), None)
+            config = load_checked(args, Pyudev(), None)
+            _check_local(args.config, config)
         else:
             _check_dev_root(args.dev_root)
     except ConfigError as err:
@@ -186,6 +187,22 @@ def local(args: argparse.Namespace) -> int:
         ),
     )
     return 0
+
+
+def _check_local(path: Path, config: Config) -> None:
+    """`local` serves the device plugin API to a fake kubelet: it has no API
+    server to publish ResourceSlices to, so a resource served through DRA
+    is refused at once (ConfigError), not waited for."""
+    for i, resource in enumerate(config.resources):
+        if resource.dra:
+            raise ConfigError(
+                str(path),
+                f"resources[{i}].api",
+                f'{resource.name} says "{resource.api}": powerdev local runs a fake kubelet, '
+                "with no API server for DRA",
+                'set "api": "device-plugin" to try the resource with powerdev local, or serve '
+                "it through DRA with powerdev run on a node (docs/dra.md)",
+            )
 
 
 def scan(args: argparse.Namespace) -> int:

@@ -1,11 +1,13 @@
 """`powerdev run` as a real process: signals, exit codes, what stderr says."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from powerdev.devtools.fake_kubelet import FakeKubelet
@@ -179,6 +181,22 @@ def test_local_with_a_bad_or_missing_config_is_one_line(tmp_path):
     (tmp_path / "bad.json").write_text('{"permissions": "x"}')
     bad = one_error_line(run_powerdev("local", "--config", str(tmp_path / "bad.json")))
     assert "field 'permissions'" in bad
+
+
+@pytest.mark.parametrize("api", ["dra", "both"])
+def test_local_refuses_a_dra_resource_at_once_in_one_line(tmp_path, api):
+    config = tmp_path / "config.json"
+    entry = {"name": "example.com/a", "api": api, "include-devices": ["/dev/null"]}
+    other = {"name": "example.com/b", "socket": "b.sock", "include-devices": ["/dev/zero"]}
+    config.write_text(json.dumps({"resources": [other, entry]}))
+    done = run_powerdev("local", "--config", str(config))
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert line.startswith(
+        f"powerdev: bad config: {config}: field 'resources[1].api': example.com/a says "
+        f'"{api}": powerdev local runs a fake kubelet, with no API server for DRA; set '
+        '"api": "device-plugin"'
+    ), line
 
 
 def test_a_socket_path_too_long_for_unix_sockets_is_refused_at_start(tmp_path):
