@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -306,8 +307,14 @@ class DraDriver:
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
         self._pools[plugin.resource.name] = pool
         self._report(plugin.resource.name)
+        status = status_name(plugin.resource.name, plugin.resource.both)
         try:
-            await keep_published(plugin, pool, task_status=task_status)
+            await keep_published(
+                plugin,
+                pool,
+                problem=partial(self._status.problem, status),
+                task_status=task_status,
+            )
         finally:
             if self._pools.get(plugin.resource.name) is pool:
                 del self._pools[plugin.resource.name]

@@ -489,11 +489,13 @@ async def keep_published(
     plugin: Plugin,
     pool: Pool,
     *,
+    problem: Callable[[str | None], None] = lambda _: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Publish the resource's pool, again on every inventory change and
     whenever the pool is lost (Pool.lose); started() once first published
-    (or first tried). On the way out, the pool is deleted."""
+    (or first tried). `problem` hears why a publication failed, and None
+    once one succeeds. On the way out, the pool is deleted."""
     name = plugin.resource.name
     backoff = Backoff(*RETRY)
     metrics.dra_served(name)
@@ -514,6 +516,7 @@ async def keep_published(
                     written = await pool.publish(devices)
                 except Exception as err:  # the API server: unreachable, refusing
                     metrics.dra_publish_failed(name)
+                    problem(f"its ResourceSlices cannot be published ({err}): trying again")
                     log.warning(
                         "%s: cannot publish its ResourceSlices (%s): trying again", name, err
                     )
@@ -523,6 +526,7 @@ async def keep_published(
                     continue
                 backoff.reset()
                 published = devices
+                problem(None)
                 metrics.dra_published(name, written, len(pool.names))
                 log.info(
                     "%s: published %d DRA devices in pool %s (generation %d)",

@@ -2,9 +2,10 @@
 
 Alive: the status file was written by a process that is still running, and
 every resource it names is waiting for the kubelet, registering again (its
-socket being replaced, or just removed by a restarting kubelet), or has a
-socket that accepts connections. Ready:
-every resource is registered, and its socket accepts connections. Exit 0
+socket being replaced, or just removed by a restarting kubelet), has a
+problem it keeps trying to get past (a DRA pool the API server does not
+take), or has a socket that accepts connections. Ready: every resource is
+registered, has no problem, and its socket accepts connections. Exit 0
 when so, 1 otherwise, with a line per resource. A probe runs this every
 few seconds, so it imports no Trio and no gRPC: it reads one small file
 and makes one connect per resource.
@@ -45,7 +46,12 @@ def judge(
     for name, entry in sorted(resources.items()):
         state = str(entry.get("state"))
         socket = Path(str(entry.get("socket")))
-        if state == "waiting":
+        problem = entry.get("problem")
+        if problem is not None:
+            # alive (it tries again), not ready: it cannot do its work
+            ok = not ready
+            say(f"{name}: {state}, but {problem} ({'not ' if ready else ''}ok)")
+        elif state == "waiting":
             ok = not ready
             say(f"{name}: waiting for the kubelet ({'not ' if ready else ''}ok)")
         elif state == "re-registering":

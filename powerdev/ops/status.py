@@ -5,7 +5,9 @@ health command reads it and checks the claim by dialling the plugin's socket.
 States: "waiting" (no kubelet.sock yet), "serving" (socket up, Register not
 yet accepted), "registered", "re-registering" (a reason to register again
 was seen, a kubelet restart say: the old socket is going or gone, the next
-one is not up yet; it lasts milliseconds).
+one is not up yet; it lasts milliseconds). An entry may also say a
+"problem": what keeps the resource from its work now, such as a DRA pool
+the API server cannot be reached to publish.
 """
 
 from __future__ import annotations
@@ -29,7 +31,23 @@ class StatusFile:
     def set(self, resource: str, state: str, socket: Path) -> None:
         if self.resources.get(resource, {}).get("state") == state:
             return
-        self.resources[resource] = {"state": state, "socket": str(socket), "since": time.time()}
+        entry: dict[str, object] = {"state": state, "socket": str(socket), "since": time.time()}
+        problem = self.resources.get(resource, {}).get("problem")
+        if problem is not None:
+            entry["problem"] = problem
+        self.resources[resource] = entry
+        self._write()
+
+    def problem(self, resource: str, text: str | None) -> None:
+        """What keeps a served resource from doing its work now (a DRA pool
+        the API server does not take), or None once nothing does."""
+        entry = self.resources.get(resource)
+        if entry is None or entry.get("problem") == text:
+            return
+        if text is None:
+            del entry["problem"]
+        else:
+            entry["problem"] = text
         self._write()
 
     def forget(self, resource: str) -> None:
