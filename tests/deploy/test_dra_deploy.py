@@ -246,10 +246,14 @@ def test_the_cluster_role_grants_exactly_the_calls_the_driver_makes():
 
 def test_the_class_and_the_policy_name_the_default_driver_resource_and_account():
     docs = component_docs()
-    (selector,) = one(docs, "DeviceClass")["spec"]["selectors"]
+    spec = one(docs, "DeviceClass")["spec"]
+    (selector,) = spec["selectors"]
     assert selector["cel"]["expression"] == (
         f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].resource == "{RESOURCE}"'
     )
+    # Unchanged pods: the extended resource the device plugin registers
+    # (powerdev's default resource name) is served by this class through DRA.
+    assert spec["extendedResourceName"] == RESOURCE
     policy = one(docs, "ValidatingAdmissionPolicy")
     namespace, account = daemonset_identity()
     (condition,) = policy["spec"]["matchConditions"]
@@ -392,6 +396,8 @@ async def test_the_api_server_accepts_every_object_as_rendered(api, applied):
                 assert stored["rules"] == doc["rules"]
             if doc["kind"] == "DeviceClass":
                 assert stored["spec"]["selectors"] == doc["spec"]["selectors"]
+                # kept: an API server without the DRAExtendedResource gate drops it
+                assert stored["spec"].get("extendedResourceName") == RESOURCE
             if doc["kind"] == "ValidatingAdmissionPolicy":
                 # its CEL compiled: no type-checking warnings
                 assert (
