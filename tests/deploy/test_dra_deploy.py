@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -317,6 +318,17 @@ def page_manifests() -> list[dict]:
     ]
 
 
+def test_each_class_serves_the_extended_resource_of_the_devices_it_selects():
+    """deploy/dra's class and docs/dra.md's: a pod that asks for the
+    resource under resources.limits gets devices of that resource."""
+    classes = [d for d in [*component_docs(), *page_manifests()] if d["kind"] == "DeviceClass"]
+    assert len(classes) == 2
+    for doc in classes:
+        (selector,) = doc["spec"]["selectors"]
+        (selected,) = re.findall(r'\.resource == "([^"]+)"', selector["cel"]["expression"])
+        assert doc["spec"]["extendedResourceName"] == selected, doc["metadata"]["name"]
+
+
 def test_the_pages_migration_snippet_is_the_components_config_but_both():
     """docs/dra.md's "both" step: the shipped DRA config, "api" and "cdi" aside."""
     (snippet,) = [
@@ -436,6 +448,7 @@ async def test_the_pages_manifests_are_accepted(api, applied):
     manifests = page_manifests()
     assert sorted(d["kind"] for d in manifests) == [
         "DeviceClass",
+        "Pod",
         "Pod",
         "ResourceClaimTemplate",
         "ResourceClaimTemplate",
