@@ -61,16 +61,21 @@ class PodsHold:
         return held
 
 
-async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000) -> None:
+async def hold_at_start(
+    plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000, *, dra_too: bool = False
+) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the
     device plugin API counts as held by the unit it is listed as, so that a
     device that changes meanwhile waits. The ledger asks the kubelet at
-    once, and again every recheck interval until it answers. `step` units
-    a Trio step."""
+    once, and again every recheck interval until it answers. With
+    `dra_too`, so does every device of a resource served through DRA alone:
+    pods may hold its devices through the device plugin API from before (a
+    resource moved from "both" to "dra"), and its pool offers them only once
+    the kubelet says no pod does. `step` units a Trio step."""
     held = 0
     for plugin in plugins:
-        if not plugin.resource.device_plugin:
+        if not (plugin.resource.device_plugin or dra_too):
             continue
         devices = plugin.inventory.current.devices
         name = plugin.resource.name
@@ -87,4 +92,8 @@ async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1
                 if held >= step:
                     held = 0
                     await trio.lowlevel.checkpoint()
+        if not plugin.resource.device_plugin:
+            # Its own devices, held through the other API: it rules on them
+            # again (for a device plugin resource, its own hold is no bar).
+            plugin.regate({d.key for d in devices})
     ledger.settle()

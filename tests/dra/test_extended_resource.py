@@ -313,3 +313,48 @@ async def test_a_both_node_switched_to_dra_serves_unchanged_pods_through_dra_and
             await dm.call("delpod", "old")
             await pool_holds("/dev/dra0", "/dev/dra1")
             await sides.kubelet_shows(2, 0)
+
+
+async def test_a_powerdev_restarted_at_dra_keeps_out_of_its_pool_what_pods_hold(
+    api, control_plane, draharness, dmharness, tmp_path
+):
+    """A pod got a device through the device plugin API under "both"; powerdev
+    starts again with the resource at "dra". The device stays out of the
+    pool until the kubelet (its PodResources API) no longer lists the pod."""
+    with trio.fail_after(LIMIT):
+        async with both_sides(
+            api,
+            control_plane,
+            draharness,
+            dmharness,
+            tmp_path,
+            "--cdi-recheck-interval",
+            "0.05",
+            resource=RESOURCE,
+            driver=DRIVER,
+            device_class=shipped_class(),
+        ) as sides:
+            dm, node = sides.dm, sides.node
+            slice_ = slice_name(node.name, DRIVER, RESOURCE, 0)
+            async with powerdev(node):
+                await sides.kubelet_shows(2, 2)
+                admitted = await dm.call("admit", "old", 1)
+                assert admitted["admitted"], admitted
+                (unit,) = admitted["device_ids"]
+            held = path_of(tmp_path / "dev")[unit]
+            (free,) = {"/dev/dra0", "/dev/dra1"} - {held}
+            config = tmp_path / "config.json"
+            (entry,) = json.loads(config.read_text())["resources"]
+            entry["api"] = "dra"
+            del entry["cdi"]
+            config.write_text(json.dumps({"resources": [entry]}))
+            async with powerdev(node):
+                # Its first pool, once the kubelet has answered: without the
+                # device the pod holds (published before the answer, it
+                # would hold both).
+                first = await api.wait_for(SLICES, slice_)
+                assert device_paths(first) == [free]
+                await dm.call("delpod", "old")
+                await api.wait_for(
+                    SLICES, slice_, lambda s: device_paths(s) == ["/dev/dra0", "/dev/dra1"]
+                )
