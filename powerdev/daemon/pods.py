@@ -62,24 +62,30 @@ class PodsHold:
 
 
 async def hold_at_start(
-    plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000, *, dra_too: bool = False
+    plugins: Iterable[Plugin],
+    ledger: Ledger,
+    step: int = 1000,
+    *,
+    held_now: dict[str, set[str]] | None = None,
 ) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the
     device plugin API counts as held by the unit it is listed as, so that a
     device that changes meanwhile waits. The ledger asks the kubelet at
-    once, and again every recheck interval until it answers. With
-    `dra_too`, so does every device of a resource served through DRA alone:
-    pods may hold its devices through the device plugin API from before (a
-    resource moved from "both" to "dra"), and its pool offers them only once
-    the kubelet says no pod does. `step` units a Trio step."""
+    once, and again every recheck interval until it answers. A resource
+    served through DRA alone may have devices that pods got through the
+    device plugin API before (a resource moved from "both" to "dra"):
+    those that the kubelet lists in `held_now` (its answer at start) count
+    as held the same way, and stay out of the pool until it says no pod
+    holds them. `step` units a Trio step."""
     held = 0
     for plugin in plugins:
-        if not (plugin.resource.device_plugin or dra_too):
-            continue
         devices = plugin.inventory.current.devices
         name = plugin.resource.name
-        if plugin.resource.allocation == "each":
+        if not plugin.resource.device_plugin:
+            listed = (held_now or {}).get(name, set())
+            units = [(u, names) for u, names in allocation.by_unit(devices).items() if u in listed]
+        elif plugin.resource.allocation == "each":
             units = list(allocation.by_unit(devices).items())
         else:
             units = [(None, list(devices))]  # "all": any unit holds every device
@@ -92,8 +98,8 @@ async def hold_at_start(
                 if held >= step:
                     held = 0
                     await trio.lowlevel.checkpoint()
-        if not plugin.resource.device_plugin:
-            # Its own devices, held through the other API: it rules on them
-            # again (for a device plugin resource, its own hold is no bar).
-            plugin.regate({d.key for d in devices})
+            if not plugin.resource.device_plugin:
+                # Its own devices, held through the other API: it rules on
+                # them again (a device plugin resource's own hold is no bar).
+                plugin.regate(set(keys))
     ledger.settle()

@@ -349,10 +349,8 @@ async def test_a_powerdev_restarted_at_dra_keeps_out_of_its_pool_what_pods_hold(
             del entry["cdi"]
             config.write_text(json.dumps({"resources": [entry]}))
             async with powerdev(node):
-                # Its first pool, once the kubelet has answered: without the
-                # device the pod holds (published before the answer, it
-                # would hold both).
-                first = await api.wait_for(SLICES, slice_)
+                # Its first pool with devices: without the one the pod holds.
+                first = await api.wait_for(SLICES, slice_, device_paths)
                 assert device_paths(first) == [free]
                 await dm.call("delpod", "old")
                 await api.wait_for(
