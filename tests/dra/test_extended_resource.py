@@ -12,6 +12,12 @@ resource allocatable (a device plugin advertises it; here the status is
 patched through the API server, as no kubelet runs), the scheduler serves
 the pod through the device plugin there, makes no claim, and leaves the
 pool's devices alone; back at 0, the next pod is served through DRA.
+
+And the migration on one node, with the kubelet's device manager
+(dmharness) too: a "both" node serves an unchanged pod through the device
+plugin API; moved to "dra" (a reload, or a restart of powerdev), it serves
+the next one through DRA, and keeps out of its pool the device the first
+pod holds until the kubelet's PodResources API no longer lists that pod.
 """
 
 from __future__ import annotations
