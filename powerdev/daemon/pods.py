@@ -66,7 +66,7 @@ async def hold_at_start(
     ledger: Ledger,
     step: int = 1000,
     *,
-    held_now: dict[str, set[str]] | None = None,
+    held_now: Holding | None = None,
 ) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the
@@ -83,7 +83,7 @@ async def hold_at_start(
         devices = plugin.inventory.current.devices
         name = plugin.resource.name
         if not plugin.resource.device_plugin:
-            listed = (held_now or {}).get(name, set())
+            listed = (held_now or {}).get(name, {})
             units = [(u, names) for u, names in allocation.by_unit(devices).items() if u in listed]
         elif plugin.resource.allocation == "each":
             units = list(allocation.by_unit(devices).items())
