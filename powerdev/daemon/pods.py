@@ -61,20 +61,31 @@ class PodsHold:
         return held
 
 
-async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1000) -> None:
+async def hold_at_start(
+    plugins: Iterable[Plugin],
+    ledger: Ledger,
+    step: int = 1000,
+    *,
+    held_now: Holding | None = None,
+) -> None:
     """What pods held before this daemon started is not known until the
     kubelet says: until then, every device a resource lists through the
     device plugin API counts as held by the unit it is listed as, so that a
     device that changes meanwhile waits. The ledger asks the kubelet at
-    once, and again every recheck interval until it answers. `step` units
-    a Trio step."""
+    once, and again every recheck interval until it answers. A resource
+    served through DRA alone may have devices that pods got through the
+    device plugin API before (a resource moved from "both" to "dra"):
+    those that the kubelet lists in `held_now` (its answer at start) count
+    as held the same way, and stay out of the pool until it says no pod
+    holds them. `step` units a Trio step."""
     held = 0
     for plugin in plugins:
-        if not plugin.resource.device_plugin:
-            continue
         devices = plugin.inventory.current.devices
         name = plugin.resource.name
-        if plugin.resource.allocation == "each":
+        if not plugin.resource.device_plugin:
+            listed = (held_now or {}).get(name, {})
+            units = [(u, names) for u, names in allocation.by_unit(devices).items() if u in listed]
+        elif plugin.resource.allocation == "each":
             units = list(allocation.by_unit(devices).items())
         else:
             units = [(None, list(devices))]  # "all": any unit holds every device
@@ -87,4 +98,8 @@ async def hold_at_start(plugins: Iterable[Plugin], ledger: Ledger, step: int = 1
                 if held >= step:
                     held = 0
                     await trio.lowlevel.checkpoint()
+            if not plugin.resource.device_plugin:
+                # Its own devices, held through the other API: it rules on
+                # them again (a device plugin resource's own hold is no bar).
+                plugin.regate(set(keys))
     ledger.settle()

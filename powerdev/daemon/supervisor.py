@@ -153,8 +153,14 @@ async def run(
             # Before any device event is applied: what is listed now counts as
             # held until the kubelet says what pods hold (it is asked at once;
             # with no PodResources socket configured there is no one to ask).
+            # A resource served through DRA alone: what pods got of its devices
+            # through the device plugin API before, as the kubelet says now
+            # (nothing when it cannot say).
             if running.pods.socket is not None:
-                await hold_at_start(running.plugins, running.ledger)
+                held_now = None
+                if any(not p.resource.device_plugin for p in running.plugins):
+                    held_now = await running.pods.held_ids()
+                await hold_at_start(running.plugins, running.ledger, held_now=held_now)
             await running.dra.resume()  # and what claims hold, before any Allocate
             for source in sources:
                 nursery.start_soon(_follow, source, running, nursery)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -246,10 +247,14 @@ def test_the_cluster_role_grants_exactly_the_calls_the_driver_makes():
 
 def test_the_class_and_the_policy_name_the_default_driver_resource_and_account():
     docs = component_docs()
-    (selector,) = one(docs, "DeviceClass")["spec"]["selectors"]
+    spec = one(docs, "DeviceClass")["spec"]
+    (selector,) = spec["selectors"]
     assert selector["cel"]["expression"] == (
         f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].resource == "{RESOURCE}"'
     )
+    # Unchanged pods: the extended resource the device plugin registers
+    # (powerdev's default resource name) is served by this class through DRA.
+    assert spec["extendedResourceName"] == RESOURCE
     policy = one(docs, "ValidatingAdmissionPolicy")
     namespace, account = daemonset_identity()
     (condition,) = policy["spec"]["matchConditions"]
@@ -311,6 +316,17 @@ def page_manifests() -> list[dict]:
         if b.kind == "not run" and b.value.startswith("a manifest")
         for doc in yaml.safe_load_all(b.text)
     ]
+
+
+def test_each_class_serves_the_extended_resource_of_the_devices_it_selects():
+    """deploy/dra's class and docs/dra.md's: a pod that asks for the
+    resource under resources.limits gets devices of that resource."""
+    classes = [d for d in [*component_docs(), *page_manifests()] if d["kind"] == "DeviceClass"]
+    assert len(classes) == 2
+    for doc in classes:
+        (selector,) = doc["spec"]["selectors"]
+        (selected,) = re.findall(r'\.resource == "([^"]+)"', selector["cel"]["expression"])
+        assert doc["spec"]["extendedResourceName"] == selected, doc["metadata"]["name"]
 
 
 def test_the_pages_migration_snippet_is_the_components_config_but_both():
@@ -392,6 +408,8 @@ async def test_the_api_server_accepts_every_object_as_rendered(api, applied):
                 assert stored["rules"] == doc["rules"]
             if doc["kind"] == "DeviceClass":
                 assert stored["spec"]["selectors"] == doc["spec"]["selectors"]
+                # kept: an API server without the DRAExtendedResource gate drops it
+                assert stored["spec"].get("extendedResourceName") == RESOURCE
             if doc["kind"] == "ValidatingAdmissionPolicy":
                 # its CEL compiled: no type-checking warnings
                 assert (
@@ -430,6 +448,7 @@ async def test_the_pages_manifests_are_accepted(api, applied):
     manifests = page_manifests()
     assert sorted(d["kind"] for d in manifests) == [
         "DeviceClass",
+        "Pod",
         "Pod",
         "ResourceClaimTemplate",
         "ResourceClaimTemplate",

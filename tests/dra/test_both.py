@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -71,15 +72,17 @@ class Sides:
 
 @contextlib.asynccontextmanager
 async def both_sides(
-    api, control_plane, draharness, dmharness, tmp_path: Path, *options: str
+    api, control_plane, draharness, dmharness, tmp_path: Path, *options: str, **node_options: Any
 ) -> AsyncIterator[Sides]:
     """The device manager on the plugin directory (serving PodResources), and
-    a DRA node whose config serves two devices with "api": "both"."""
+    a DRA node whose config serves two devices with "api": "both"
+    (`node_options`: dra_node's resource, driver and device_class)."""
     plugin_dir = tmp_path / "device-plugins"
     plugin_dir.mkdir()
     (tmp_path / "cdi").mkdir()  # the host's /var/run/cdi
     sockets = ("--pod-resources-socket", str(tmp_path / "pod-resources" / "kubelet.sock"))
-    async with DeviceManager.running(dmharness, tmp_path / "kubelet.log", RESOURCE) as dm:
+    resource = node_options.get("resource", RESOURCE)
+    async with DeviceManager.running(dmharness, tmp_path / "kubelet.log", resource) as dm:
         await dm.call("start", plugin_dir)
         async with dra_node(
             api,
@@ -89,6 +92,7 @@ async def both_sides(
             ("dra0", "dra1"),
             both=True,
             options=(*sockets, *options),
+            **node_options,
         ) as node:
             yield Sides(dm, node)
 

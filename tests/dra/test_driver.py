@@ -126,32 +126,36 @@ async def dra_node(
     both: bool = False,
     options: tuple[str, ...] = (),
     host_devices: tuple[str, ...] = (),
+    resource: str = RESOURCE,
+    driver: str | None = None,
+    device_class: dict | None = None,
 ) -> AsyncIterator[Node]:
     """A Ready Node of our own (tainted for our pods only), its namespace,
     the harness as its kubelet, a DeviceClass for the resource, a device
     tree with one distinct character node, and the config ("api": "dra",
     or with `both` "api": "both" in CDI mode; `options` for `powerdev run`).
-    With `host_devices` (patterns), the host's own /dev and those instead."""
+    With `host_devices` (patterns), the host's own /dev and those instead.
+    `resource` and `driver` name the config's resource and the driver
+    (default: one of the node's own); `device_class`, a DeviceClass to make
+    instead of the node's own (named after the node)."""
     name = f"dra-{secrets.token_hex(3)}"
-    driver = f"{name}.powerdev.test"
+    driver = driver or f"{name}.powerdev.test"
     await api.create_node(name, taints=[{"key": TAINT, "value": name, "effect": "NoSchedule"}])
     await api.create_namespace(name)
-    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
-    await api.create(
-        f"{RESOURCE_API}/deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": cel}}]},
-        },
-    )
+    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{resource}"'
+    device_class = device_class or {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": cel}}]},
+    }
+    await api.create(f"{RESOURCE_API}/deviceclasses", device_class)
     dev = Path("/dev") if host_devices else tmp_path / "dev"
     if not host_devices:
         make_nodes(dev, list(devices))
     config = tmp_path / "config.json"
     entry = {
-        "name": RESOURCE,
+        "name": resource,
         "api": "dra",
         "include-devices": list(host_devices) or ["/dev/dra*"],
         "permissions": "rw",
@@ -182,7 +186,7 @@ async def dra_node(
             yield Node(name, driver, api, harness, cdi, command)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await api.delete(f"{RESOURCE_API}/deviceclasses/{name}")
+            await api.delete(f"{RESOURCE_API}/deviceclasses/{device_class['metadata']['name']}")
 
 
 def nodes_of(resolved: dict) -> list[tuple]:
