@@ -35,3 +35,22 @@ def test_each_state_alive_and_ready(tmp_path, state, answers, alive, ready):
         assert health.judge({"r": entry}, ready=False, say=said.append) is alive
         assert health.judge({"r": entry}, ready=True, say=said.append) is ready
     assert all(line.startswith(f"r: {state}") or "waiting" in line for line in said), said
+
+
+def test_a_problem_is_alive_not_ready_and_said_until_it_is_gone(tmp_path):
+    from powerdev.ops.status import StatusFile, read_status_file
+
+    path = tmp_path / "status.json"
+    status = StatusFile(path)
+    status.set("r", "registered", tmp_path / "dra.sock")
+    why = "its ResourceSlices cannot be published (connection refused): trying again"
+    status.problem("r", why)
+    status.set("r", "waiting", tmp_path / "dra.sock")  # a new state keeps the problem
+    _, resources = read_status_file(path)
+    said: list[str] = []
+    assert health.judge(resources, ready=False, say=said.append) is True
+    assert health.judge(resources, ready=True, say=said.append) is False
+    assert said == [f"r: waiting, but {why} (ok)", f"r: waiting, but {why} (not ok)"]
+    status.problem("r", None)
+    _, resources = read_status_file(path)
+    assert "problem" not in resources["r"]
