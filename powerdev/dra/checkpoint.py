@@ -122,17 +122,24 @@ def salvage_keys(value: object) -> list[tuple[str | None, str | None, list[Key]]
     found: list[tuple[str | None, str | None, list[Key]]] = []
     entry = value if isinstance(value, dict) else {}
     devices = entry.get("devices")
+    admin: set[Key] = set()  # what the claim reaches with admin access: it holds none
     for d in devices if isinstance(devices, list) else ():
         if not isinstance(d, dict):
             continue
         listed = d.get("keys")
-        keys = [k for k in listed if _is_key(k)] if isinstance(listed, list) else []
+        keys: list[Key] = (
+            [(k[0], k[1], k[2]) for k in listed if _is_key(k)] if isinstance(listed, list) else []
+        )
+        if d.get("admin") is True:
+            admin.update(keys)
+            continue
         resource = d.get("resource") if isinstance(d.get("resource"), str) else None
         unit = d.get("unit") if isinstance(d.get("unit"), str) else None
         if keys:
-            found.append((resource, unit, [(k[0], k[1], k[2]) for k in keys]))
+            found.append((resource, unit, keys))
     spec = entry.get("spec")
-    found.extend((None, None, keys) for keys in [spec_keys(spec)] if keys)
+    named = [k for k in spec_keys(spec) if k not in admin]
+    found.extend((None, None, keys) for keys in [named] if keys)
     return found
 
 

@@ -31,8 +31,9 @@ is unprepared.
 
 A device a claim gets with admin access (`adminAccess: true` in its
 request, for monitoring and diagnosis) is no holder: it is prepared
-whoever else holds the device, and it keeps no one else from it; its CDI
-spec lets the container read the device, never write it.
+though other claims hold the device (present and healthy still), and it
+keeps no one else from it, a set-aside checkpoint entry of it included;
+its CDI spec lets the container read the device, never write it.
 """
 
 from __future__ import annotations
@@ -282,7 +283,15 @@ class Claims:
         if self.ledger is None:
             return
         for resource, unit, keys in self._aside[uid].found:
-            self.ledger.claimed(resource or "", unit or uid, keys, uid)
+            # never in place of another claim's hold: what is set aside is a
+            # guess, another claim's prepared device is known
+            free = [k for k in keys if not self._held_by_another(k, uid)]
+            if free:
+                self.ledger.claimed(resource or "", unit or uid, free, uid)
+
+    def _held_by_another(self, key: Key, uid: str) -> bool:
+        holder = self.ledger.holder_of(key) if self.ledger is not None else None
+        return holder is not None and holder.claim is not None and holder.claim != uid
 
     async def _rebind(self, uid: str, held: HeldClaim) -> bool:
         """At start: bind each device of a prepared claim to what it is now.

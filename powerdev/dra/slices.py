@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -400,10 +401,12 @@ class Pool:
     _count: int = 0  # slices in the pool, as last placed
     _written: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> body on the server
     _written_at: int = 0  # the generation _written holds bodies of
+    _epoch: int = 0  # lose()s so far: a write answered after one is not trusted
 
     def lose(self) -> None:
         """Someone else deleted a slice of ours (a starting kubelet wipes its
         node's slices), or the kubelet registered us again: publish anew."""
+        self._epoch += 1  # writes in flight now say nothing of what is there
         self._written.clear()  # every slice is written again, at a new generation
         self._lost.set()
         self._lost = trio.Event()
@@ -416,6 +419,7 @@ class Pool:
         """These devices, in as few writes as it takes: one slice changed is
         one write at the same generation, more is a new generation on every
         slice. Slices no longer needed go. Returns the slices written."""
+        epoch = self._epoch
         if self.generation == 0:  # the first time: after any generation left before
             found = await self.api.pool_slices(self.driver, self.node, self.name)
             self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
@@ -431,7 +435,10 @@ class Pool:
         if plan.generation != self._written_at:
             self._written.clear()
             self._written_at = plan.generation
-        await _each_at_most(APPLY_AT_ONCE, self._apply, changed)
+        # known as ours before they are written: a deletion of one is a loss,
+        # and one a failed attempt wrote goes once no longer needed
+        self.names = tuple(sorted({*self.names, *kept}))
+        await _each_at_most(APPLY_AT_ONCE, partial(self._apply, epoch), changed)
         # Forgotten before they go, so that the watch of the node's slices
         # (daemon/dra.py) does not take our own deletions for a loss.
         self._stale.update(n for n in self.names if n not in kept)
@@ -465,10 +472,15 @@ class Pool:
             changed = list(enumerate(now))
         return _Plan(slots, count, generation, changed, {b["metadata"]["name"] for b in now})
 
-    async def _apply(self, slot: tuple[int, dict[str, Any]]) -> None:
+    async def _apply(self, epoch: int, slot: tuple[int, dict[str, Any]]) -> None:
+        """One slice written; known as written only once the API server said
+        so, and only if the pool was not lost meanwhile (a write that fails
+        may have been applied: its slice is then written anew)."""
         index, body = slot
+        self._written.pop(index, None)
         await self.api.apply_slice(body)
-        self._written[index] = body
+        if self._epoch == epoch:
+            self._written[index] = body
 
     async def delete(self) -> None:
         """Every slice of the pool, whoever published it."""
@@ -515,6 +527,7 @@ async def keep_published(
                 try:
                     written = await pool.publish(devices)
                 except Exception as err:  # the API server: unreachable, refusing
+                    published = None  # tried again whatever the inventory does meanwhile
                     metrics.dra_publish_failed(name)
                     problem(f"its ResourceSlices cannot be published ({err}): trying again")
                     log.warning(

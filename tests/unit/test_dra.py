@@ -501,6 +501,104 @@ async def test_publishing_outlasts_an_api_server_away_follows_changes_and_delete
     assert api.slices == {}  # deleted on the way out
 
 
+class PickySlices(FakeSlices):
+    """Refuses the applies whose number (from 1) is in `refuse`."""
+
+    def __init__(self, refuse=()):
+        super().__init__()
+        self.refuse = set(refuse)
+        self.applies = 0
+        self.applied = trio.Event()
+
+    async def apply_slice(self, body):
+        self.applies += 1
+        if self.applies in self.refuse:
+            raise OSError("the API server is busy")
+        await super().apply_slice(body)
+        self.applied.set()
+        self.applied = trio.Event()
+
+
+def complete(api) -> bool:
+    """Is the pool on the server whole: its slices all of one generation,
+    as many as they say?"""
+    pools = [s["spec"]["pool"] for s in api.slices.values()]
+    return len({p["generation"] for p in pools}) == 1 and all(
+        p["resourceSliceCount"] == len(pools) for p in pools
+    )
+
+
+async def test_a_publication_half_written_is_written_again_though_the_devices_went_back(
+    autojump_clock,
+):
+    """Two slices change (a new generation): the first is written, the
+    second refused; meanwhile the devices go back to what they were. The
+    pool on the server is half one generation, half the other, until it is
+    written again: it is, at once."""
+    from powerdev.dra.slices import keep_published
+
+    api = PickySlices()
+    listed = [dev(f"/dev/sd{i}", i, unit=f"u{i:03}") for i in range(130)]  # 128 + 2
+    inventory = Inventory(listed)
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    plugin = Plugin(resource, inventory, refresh=None, spec=None)
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, plugin, pool)
+            assert len(api.slices) == 2 and complete(api)
+            api.refuse = {api.applies + 2}  # the next publication's second write
+            inventory.update(
+                {
+                    "/dev/sd0": dev("/dev/sd0", 0, unit="u000", numa=1),  # in the first slice
+                    "/dev/sd129": dev("/dev/sd129", 129, unit="u129", numa=1),  # the second
+                }
+            )
+            while api.applies < max(api.refuse):
+                await api.applied.wait()
+            assert not complete(api)
+            inventory.update({"/dev/sd0": listed[0], "/dev/sd129": listed[129]})  # back
+            while not complete(api):
+                await api.applied.wait()
+            numa = [
+                d["attributes"].get("numaNode")
+                for s in api.slices.values()
+                for d in s["spec"]["devices"]
+            ]
+            assert numa == [None] * 130  # what the devices are now
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_pool_lost_while_its_writes_are_in_flight_is_written_again():
+    """The kubelet wipes the node's slices (lose()) while the pool's one
+    slice is being written: the answer that comes after says nothing of
+    what the server has now, and the next publication writes it anew."""
+
+    class Slow(FakeSlices):
+        def __init__(self):
+            super().__init__()
+            self.writing = trio.Event()
+            self.go = trio.Event()
+
+        async def apply_slice(self, body):
+            self.writing.set()
+            await self.go.wait()
+            await super().apply_slice(body)
+
+    api = Slow()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pool.publish, named("u1"))
+        await api.writing.wait()
+        api.slices.clear()  # wiped, and we are told
+        pool.lose()
+        api.go.set()
+    assert len(api.slices) == 1  # the write answered after the wipe
+    api.slices.clear()  # (as if the wipe came after it)
+    assert await pool.publish(named("u1")) == 1  # written again, not taken as there
+    assert len(api.slices) == 1
+
+
 # --- the prepared devices' health (dra/health.py) ---------------------------------------
 
 SDB = ("/dev/sdb", "b", 8, 16)

@@ -321,3 +321,16 @@ async def test_with_a_checkpoint_that_does_not_parse_the_devices_of_the_specs_le
         await claims.unprepare(C1)
         assert held_by(claims.ledger) is None
         assert json.loads(claims.checkpoint_path.read_text())["claims"] == {}
+
+
+def test_what_a_claim_reaches_with_admin_access_is_not_salvaged_as_held():
+    from powerdev.dra.checkpoint import salvage_keys
+
+    node = {"type": "b", "major": 8, "minor": 16, "path": "/dev/sdb", "permissions": "r"}
+    entry = {
+        "devices": [{"keys": [["b", 8, 16]], "admin": True, "resource": "r", "unit": "u1"}],
+        "spec": {"devices": [{"containerEdits": {"deviceNodes": [node]}}]},
+    }
+    assert salvage_keys(entry) == []  # neither from its devices nor from its spec
+    entry["devices"][0]["admin"] = False
+    assert salvage_keys(entry) == [("r", "u1", [("b", 8, 16)]), (None, None, [("b", 8, 16)])]
