@@ -6,7 +6,9 @@ longest few, with their task names, are written to that file as JSON when
 the daemon exits. uevent_bench.py installs one in-process for a while
 (trio.lowlevel.add_instrument); the step that installs it is not counted.
 A long step is time in which nothing else ran: no signal handled, no
-Allocate answered.
+Allocate answered. A step costs the instrument two clock reads; where the
+task stopped is looked up only for a step long enough to be kept, so the
+figures the benches take meanwhile are not the instrument's.
 """
 
 from __future__ import annotations
@@ -27,12 +29,10 @@ class StepWatch(trio.abc.Instrument):
     def __init__(self) -> None:
         self._began = 0.0
         self._stepping: trio.lowlevel.Task | None = None
-        self._resumed_at = ""
-        # a min-heap of (seconds, task name, where the step resumed)
+        # a min-heap of (seconds, task name, where the task stopped after it)
         self.longest: list[tuple[float, str, str]] = []
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._resumed_at = _innermost(task.coro)
         self._stepping = task
         self._began = time.perf_counter()
 
@@ -41,25 +41,24 @@ class StepWatch(trio.abc.Instrument):
             return  # installed during this step (add_instrument): its start is unknown
         self._stepping = None
         took = time.perf_counter() - self._began
-        entry = (took, task.name, self._resumed_at)
         if len(self.longest) < KEEP:
-            heapq.heappush(self.longest, entry)
+            heapq.heappush(self.longest, (took, task.name, _innermost(task.coro)))
         elif took > self.longest[0][0]:
-            heapq.heapreplace(self.longest, entry)
+            heapq.heapreplace(self.longest, (took, task.name, _innermost(task.coro)))
 
     def report(self) -> dict[str, object]:
         ordered = sorted(self.longest, reverse=True)
         return {
             "longest_ms": round(ordered[0][0] * 1000, 2) if ordered else 0.0,
             "steps": [
-                {"ms": round(s * 1000, 2), "task": name, "resumed_at": where}
+                {"ms": round(s * 1000, 2), "task": name, "stopped_at": where}
                 for s, name, where in ordered
             ],
         }
 
 
 def _innermost(coro: object) -> str:
-    """Where a suspended coroutine chain will resume: its deepest frame, and
+    """Where a suspended coroutine chain waits: its deepest frame, and
     the deepest of powerdev's own when that is another."""
     where = ours = ""
     while coro is not None:

@@ -196,9 +196,11 @@ def _items(message: object, field: str) -> list:
 
 
 def _ids(message: object, kind: type, field: str) -> list[str]:
-    """A repeated string field of a `kind` message, refused unless all strings."""
+    """A repeated string field of a `kind` message, refused unless the
+    message is one. (A decoded `kind` holds nothing but strings there: upb
+    refuses a field of another type, and a string that is not UTF-8.)"""
     ids = _repeated(message, field) if isinstance(message, kind) else None
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+    if not isinstance(ids, list):
         raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: bad {field}")
     return ids
 

@@ -49,8 +49,13 @@ class Inotify:
                 pass  # already gone with its directory
 
     def read_now(self) -> None:
-        """Hand every event queued now to the views that asked for it."""
-        for event in self._inotify.read(timeout=0):
+        """Hand every event queued now to the views that asked for it; when
+        there were none, nothing changed for anyone, and nobody is woken
+        (an Allocate asks at every call)."""
+        events = self._inotify.read(timeout=0)
+        if not events:
+            return
+        for event in events:
             if event.mask & F.Q_OVERFLOW:  # not about one watch: everyone lost events
                 for views in self._masks.values():
                     for view in views:

@@ -1,6 +1,8 @@
 """Advertised units, Allocate answers and preferences: tables of cases."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory
@@ -195,3 +197,49 @@ def test_a_precomputed_natural_order_chooses_as_the_sort_does():
         assert preferred_on_one_node(shuffled, ["loop9"], size, numa, order) == (
             preferred_on_one_node(shuffled, ["loop9"], size, numa)
         )
+
+
+def _preferred_by_sorting_everything(available, must, size, numa):
+    """What the choice means, written the plain way: group the free IDs by
+    NUMA node, order the nodes, sort each node's IDs naturally, take from
+    the front."""
+    from powerdev.resources.allocation import natural_key
+
+    chosen = list(dict.fromkeys(must))
+    free = [i for i in dict.fromkeys(available) if i not in chosen]
+    need = size - len(chosen)
+    wanted = {numa.get(i) for i in chosen} - {None}
+    groups: dict = {}
+    for unit in free:
+        groups.setdefault(numa.get(unit), []).append(unit)
+
+    def rank(node):
+        n = len(groups[node])
+        return (node not in wanted, n < need, node is None, -n, -1 if node is None else node)
+
+    for node in sorted(groups, key=rank):
+        chosen += sorted(groups[node], key=natural_key)
+    return chosen[: max(size, len(dict.fromkeys(must)))]
+
+
+@given(
+    ids=st.lists(st.from_regex(r"[a-c]{1,2}[0-9]{1,3}", fullmatch=True), max_size=40),
+    nodes=st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=40, max_size=40),
+    must_count=st.integers(0, 3),
+    size=st.integers(0, 45),
+    precomputed=st.booleans(),
+)
+def test_the_choice_ranks_only_what_it_takes_and_chooses_as_sorting_all_would(
+    ids, nodes, must_count, size, precomputed
+):
+    """Whatever the IDs, their nodes and the size asked: the choice is the
+    one a full sort of every free ID would make, with the natural order
+    given or not."""
+    from powerdev.resources.allocation import natural_key, preferred_on_one_node
+
+    numa = dict(zip(ids, nodes, strict=False))
+    must = ids[:must_count]
+    order = {u: i for i, u in enumerate(sorted(dict.fromkeys(ids), key=natural_key))}
+    got = preferred_on_one_node(ids, must, size, numa, order if precomputed else None)
+    expected = _preferred_by_sorting_everything(ids, must, size, numa)
+    assert got == expected
