@@ -64,7 +64,7 @@ class PodsHold:
 async def hold_at_start(
     plugins: Iterable[Plugin],
     ledger: Ledger,
-    step: int = 1000,
+    step: int = 250,
     *,
     held_now: Holding | None = None,
 ) -> None:

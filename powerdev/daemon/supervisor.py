@@ -75,11 +75,29 @@ def _log_devices(plugin: Plugin) -> None:
         log.info("%s: %s", plugin.resource.name, change)
 
 
+async def _log_first_devices(plugin: Plugin) -> None:
+    """_log_devices for a resource's first list: its names put in natural
+    order in a worker thread (15 ms of the Trio thread at 10,000 devices)."""
+    inventory = plugin.inventory
+    listed = inventory.by_path
+    if not listed:
+        _log_devices(plugin)
+        return
+    _logged[id(plugin)] = inventory.version
+    inventory.take_paths_changed()
+    first = _device_log.begin(plugin.resource.name, listed)
+    line = await trio.to_thread.run_sync(oplog.describe_change, None, first)
+    log.info("%s: %s", plugin.resource.name, line)
+
+
 async def scan(plugin: Plugin) -> None:
     """Discover the resource's devices now and publish them if they changed."""
     assert plugin.tracker is not None
     if await plugin.tracker.rescan():
-        _log_devices(plugin)
+        if _device_log.knows(plugin.resource.name):
+            _log_devices(plugin)
+        else:
+            await _log_first_devices(plugin)
 
 
 def _levels(plugins: Iterable[Plugin]) -> list[str]:

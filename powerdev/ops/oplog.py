@@ -104,6 +104,19 @@ class DeviceLog:
     def __init__(self) -> None:
         self._last: dict[str, dict[str, bool]] = {}
 
+    def knows(self, resource: str) -> bool:
+        """Has a list of this resource been logged (so the next line costs
+        what changed)?"""
+        return resource in self._last
+
+    def begin(self, resource: str, listed: Mapping[str, Any]) -> dict[str, bool]:
+        """The first list of a resource, recorded now; its line is
+        `describe_change(None, <what this returns>)`, which the caller may
+        make in a worker thread (it is a copy: later lines change the record)."""
+        now = {p: d.healthy for p, d in listed.items()}
+        self._last[resource] = now
+        return dict(now)
+
     def change(self, resource: str, devices: Iterable[Any]) -> str | None:
         """The line for this list (objects with .path and .healthy), or None."""
         now = {d.path: d.healthy for d in devices}
