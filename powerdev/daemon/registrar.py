@@ -158,6 +158,7 @@ async def _warm_up(service: PluginService, answers: Answers, plugin: Plugin) -> 
     """Once the kubelet has its first list, encode Allocate's answer (in a
     worker thread), so that the first pod's admission does not pay for it."""
     await service.kubelet_list_sent.wait()
+    await plugin.warm()
     await answers.allocate(plugin.allocate([[]], refresh=False))
 
 

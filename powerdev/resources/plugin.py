@@ -143,9 +143,14 @@ class Plugin:
         key = self._key_of_units(snapshot)
         if key != self._units_key:
             counted = await trio.to_thread.run_sync(_counted, snapshot, self.resource, key[-1])
+            ranked = None
+            if self.prefers:  # at 10,000 devices the natural sort is 20 ms
+                ranked = await trio.to_thread.run_sync(_ranked, counted[0])
             kept = self._units_key
             if kept is None or kept[0] <= snapshot.version:  # never over a newer count
                 self._keep_units(key, counted)
+                if ranked is not None and self._units is counted[0]:
+                    (self._numa_of, self._rank), self._rank_key = ranked, counted[0]
             return counted[0]
         return self._units
 
@@ -158,6 +163,23 @@ class Plugin:
     ) -> None:
         self._units, self._units_by_id = counted
         self._units_key = key
+
+    async def warm(self) -> None:
+        """Count the current list's units and make the "all"-mode grant of
+        it in worker threads, ahead of the first pod, so that its Allocate
+        finds them made (10,000 grants take about 10 ms of the Trio thread)."""
+        snapshot = self.inventory.current
+        await self.units_soon(snapshot)
+        resource = self.resource
+        key = (snapshot.version, resource)
+        if resource.allocation == "each" or resource.cdi or key == self._grant_key:
+            return
+        grant = await trio.to_thread.run_sync(
+            allocation.grant, snapshot.devices, resource.permissions
+        )
+        kept = self._grant_key
+        if self.resource is resource and (kept is None or kept[0] < snapshot.version):
+            self._grant, self._grant_key = grant, key  # never over a newer one
 
     def allocate(
         self, requests: Sequence[Sequence[str]], *, refresh: bool = True
@@ -286,15 +308,21 @@ class Plugin:
         if self.prefers:
             units = self.units()
             if self._rank_key is not units:
-                self._numa_of = {u.id: u.numa for u in units}
-                ordered = sorted(self._numa_of, key=allocation.natural_key)
-                self._rank = {unit_id: i for i, unit_id in enumerate(ordered)}
+                self._numa_of, self._rank = _ranked(units)
                 self._rank_key = units
             return [
                 allocation.preferred_on_one_node(avail, must, size, self._numa_of, self._rank)
                 for avail, must, size in requests
             ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
+
+
+def _ranked(units: tuple[Unit, ...]) -> tuple[dict[str, int | None], dict[str, int]]:
+    """Each unit's NUMA node, and its place in the natural order of the
+    list: what GetPreferredAllocation ranks by (any thread)."""
+    numa_of = {u.id: u.numa for u in units}
+    ordered = sorted(numa_of, key=allocation.natural_key)
+    return numa_of, {unit_id: i for i, unit_id in enumerate(ordered)}
 
 
 def _counted(

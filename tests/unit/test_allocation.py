@@ -243,3 +243,41 @@ def test_the_choice_ranks_only_what_it_takes_and_chooses_as_sorting_all_would(
     got = preferred_on_one_node(ids, must, size, numa, order if precomputed else None)
     expected = _preferred_by_sorting_everything(ids, must, size, numa)
     assert got == expected
+
+
+async def test_the_grant_made_ahead_is_the_one_the_first_allocate_hands_out(monkeypatch):
+    """Registration's warm-up makes the "all"-mode grant in a worker thread;
+    the first pod's Allocate then makes none on the Trio thread."""
+    from powerdev.resources import allocation as allocation_module
+
+    plugin = Plugin(ResourceConfig(), Inventory((A, B)), refresh=None, spec=None)
+    await plugin.warm()
+
+    def made_again(*args):
+        raise AssertionError("the grant was made again at Allocate")
+
+    monkeypatch.setattr(allocation_module, "grant", made_again)
+    (grant,) = plugin.allocate([["sda"]], refresh=False)
+    assert {g.host_path for g in grant} == {"/dev/sda", "/dev/mapper/mpatha"}
+
+
+async def test_a_grant_made_ahead_of_a_list_that_changed_meanwhile_is_not_handed_out(monkeypatch):
+    """The list changes while the grant is being made in its thread: the
+    Allocate after it hands out the new list, never the one made ahead."""
+    import trio
+
+    from powerdev.resources import allocation as allocation_module
+
+    inventory = Inventory((A, B))
+    plugin = Plugin(ResourceConfig(), inventory, refresh=None, spec=None)
+    made = allocation_module.grant
+
+    def while_the_list_changes(devices, permissions):
+        trio.from_thread.run_sync(inventory.publish, (A,))
+        return made(devices, permissions)
+
+    monkeypatch.setattr(allocation_module, "grant", while_the_list_changes)
+    await plugin.warm()
+    monkeypatch.setattr(allocation_module, "grant", made)
+    (grant,) = plugin.allocate([["sda"]], refresh=False)
+    assert [g.host_path for g in grant] == ["/dev/sda"]
