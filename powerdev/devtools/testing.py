@@ -130,11 +130,7 @@ class LoopControl:
             f.truncate(MEDIUM_BYTES)
         fd = os.open(f"/dev/loop{index}", os.O_RDWR | os.O_CLOEXEC)
         try:
-            file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
-            finally:
-                os.close(file_fd)
+            _set_fd(fd, backing)
         finally:
             os.close(fd)
         self._bound.add(index)
@@ -175,17 +171,22 @@ def loop_control() -> Iterator[LoopControl]:
         backing.cleanup()
 
 
+def _set_fd(loop_fd: int, backing: Path) -> None:
+    """Bind an open loop device to a file (LOOP_SET_FD)."""
+    file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(loop_fd, LOOP_SET_FD, file_fd)
+    finally:
+        os.close(file_fd)
+
+
 @contextlib.contextmanager
 def bound(node: str | Path, backing: Path) -> Iterator[None]:
     """A loop device node bound to a file (LOOP_SET_FD) while inside, and
     unbound (LOOP_CLR_FD) and closed on the way out."""
     fd = os.open(node, os.O_RDWR | os.O_CLOEXEC)
     try:
-        file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.ioctl(fd, LOOP_SET_FD, file_fd)
-        finally:
-            os.close(file_fd)
+        _set_fd(fd, backing)
         try:
             yield
         finally:

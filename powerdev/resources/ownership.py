@@ -75,13 +75,10 @@ class Holder:
     unit: str | None  # None: any unit of the resource ("all" mode)
     api: str = DEVICE_PLUGIN
     claim: str | None = None  # the ResourceClaim's UID (DRA)
-    admin: bool = False  # the claim asked for admin access
 
     def __str__(self) -> str:
         if self.api == DRA:
             through = f"ResourceClaim {self.claim}" if self.claim else "a ResourceClaim"
-            if self.admin:
-                through += " (admin access)"
         else:
             through = "the device plugin API"
         if self.unit is None:
@@ -330,11 +327,9 @@ class Ledger:
         if fresh and holder in self._by_holder:
             self._provisional.add(holder)
 
-    def claimed(
-        self, resource: str, unit: str, keys: Iterable[Key], claim: str, *, admin: bool = False
-    ) -> None:
+    def claimed(self, resource: str, unit: str, keys: Iterable[Key], claim: str) -> None:
         """A claim was prepared with this unit of `resource`."""
-        holder = Holder(resource, unit, DRA, claim, admin)
+        holder = Holder(resource, unit, DRA, claim)
         now = trio.current_time()
         for key in keys:
             self._hold(key, holder, now)
