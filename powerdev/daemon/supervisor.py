@@ -59,9 +59,12 @@ class EventSource(Protocol):
 
 _device_log = oplog.DeviceLog()
 _logged: dict[int, int] = {}  # id of a plugin -> the inventory version last logged
+_first_pending: set[int] = set()  # ids of plugins whose first line is being made
 
 
 def _log_devices(plugin: Plugin) -> None:
+    if id(plugin) in _first_pending:
+        return  # its first line comes first; what changes meanwhile follows it
     inventory = plugin.inventory
     _logged[id(plugin)] = inventory.version
     listed = inventory.by_path
@@ -86,8 +89,14 @@ async def _log_first_devices(plugin: Plugin) -> None:
     _logged[id(plugin)] = inventory.version
     inventory.take_paths_changed()
     first = _device_log.begin(plugin.resource.name, listed)
-    line = await trio.to_thread.run_sync(oplog.describe_change, None, first)
-    log.info("%s: %s", plugin.resource.name, line)
+    _first_pending.add(id(plugin))
+    try:
+        line = await trio.to_thread.run_sync(oplog.describe_change, None, first)
+        log.info("%s: %s", plugin.resource.name, line)
+    finally:
+        _first_pending.discard(id(plugin))
+    if inventory.version != _logged.get(id(plugin)):
+        _log_devices(plugin)  # what changed while the first line was made
 
 
 async def scan(plugin: Plugin) -> None:

@@ -113,12 +113,14 @@ def grant(devices: Sequence[Device], permissions: str) -> tuple[DeviceGrant, ...
 _DIGITS = re.compile(r"(\d+)")
 
 
-def natural_key(text: str) -> list[Any]:
+def natural_key(text: str) -> tuple[list[Any], str]:
     """loop4 < loop5 < loop42: digits compare as numbers. (Text and numbers
-    alternate, text first, so two keys always compare.)"""
+    alternate, text first, so two keys always compare.) Names that compare
+    the same so (loop03, loop3) are in plain text order: two names never
+    tie, so any list of them has one natural order."""
     parts: list[Any] = _DIGITS.split(text)
     parts[1::2] = map(int, parts[1::2])
-    return parts
+    return parts, text
 
 
 def preferred_on_one_node(

@@ -143,13 +143,12 @@ class Plugin:
         key = self._key_of_units(snapshot)
         if key != self._units_key:
             counted = await trio.to_thread.run_sync(_counted, snapshot, self.resource, key[-1])
-            ranked = None
-            if self.prefers:  # at 10,000 devices the natural sort is 20 ms
-                ranked = await trio.to_thread.run_sync(_ranked, counted[0])
             kept = self._units_key
             if kept is None or kept[0] <= snapshot.version:  # never over a newer count
                 self._keep_units(key, counted)
-                if ranked is not None and self._units is counted[0]:
+            if self.prefers:  # at 10,000 devices the natural sort is 20 ms
+                ranked = await trio.to_thread.run_sync(_ranked, counted[0])
+                if self._units is counted[0]:  # still the count in force
                     (self._numa_of, self._rank), self._rank_key = ranked, counted[0]
             return counted[0]
         return self._units

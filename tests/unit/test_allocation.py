@@ -223,26 +223,32 @@ def _preferred_by_sorting_everything(available, must, size, numa):
 
 
 @given(
-    ids=st.lists(st.from_regex(r"[a-c]{1,2}[0-9]{1,3}", fullmatch=True), max_size=40),
+    ids=st.lists(st.from_regex(r"[ab]0?[0-9]", fullmatch=True), max_size=40),
     nodes=st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=40, max_size=40),
-    must_count=st.integers(0, 3),
+    must=st.lists(st.from_regex(r"[abc]0?[0-9]", fullmatch=True), max_size=3),
     size=st.integers(0, 45),
-    precomputed=st.booleans(),
+    listed=st.one_of(st.none(), st.just(set()), st.sets(st.integers(0, 39), max_size=2)),
+    seed=st.integers(0, 1000),
 )
 def test_the_choice_ranks_only_what_it_takes_and_chooses_as_sorting_all_would(
-    ids, nodes, must_count, size, precomputed
+    ids, nodes, must, size, listed, seed
 ):
-    """Whatever the IDs, their nodes and the size asked: the choice is the
-    one a full sort of every free ID would make, with the natural order
-    given or not."""
+    """Whatever the IDs (duplicates, names with one natural key: a01, a1),
+    their nodes, the must-include IDs (listed or not) and the size asked,
+    and whether the natural order given knows every ID: the choice is the
+    one a full sort of every free ID would make."""
+    import random
+
     from powerdev.resources.allocation import natural_key, preferred_on_one_node
 
     numa = dict(zip(ids, nodes, strict=False))
-    must = ids[:must_count]
-    order = {u: i for i, u in enumerate(sorted(dict.fromkeys(ids), key=natural_key))}
-    got = preferred_on_one_node(ids, must, size, numa, order if precomputed else None)
-    expected = _preferred_by_sorting_everything(ids, must, size, numa)
-    assert got == expected
+    known = random.Random(seed).sample(sorted(set(ids)), len(set(ids)))  # any order in
+    if listed is not None:  # an order made from a list without some of them
+        known = [u for i, u in enumerate(known) if i not in listed]
+    order = {u: i for i, u in enumerate(sorted(known, key=natural_key))}
+    got = preferred_on_one_node(ids, must, size, numa, order if listed is not None else None)
+    assert got == _preferred_by_sorting_everything(ids, must, size, numa)
+    assert got == preferred_on_one_node(ids, must, size, numa, order)
 
 
 async def test_the_grant_made_ahead_is_the_one_the_first_allocate_hands_out(monkeypatch):
@@ -261,9 +267,11 @@ async def test_the_grant_made_ahead_is_the_one_the_first_allocate_hands_out(monk
     assert {g.host_path for g in grant} == {"/dev/sda", "/dev/mapper/mpatha"}
 
 
-async def test_a_grant_made_ahead_of_a_list_that_changed_meanwhile_is_not_handed_out(monkeypatch):
-    """The list changes while the grant is being made in its thread: the
-    Allocate after it hands out the new list, never the one made ahead."""
+async def test_a_grant_made_ahead_never_replaces_one_made_for_a_newer_list(monkeypatch):
+    """The list changes, and a pod's Allocate makes the new list's grant,
+    while the warm-up's grant is being made in its thread: the warm-up's
+    older grant is dropped, and later Allocates hand out the new one
+    without making it again."""
     import trio
 
     from powerdev.resources import allocation as allocation_module
@@ -273,11 +281,57 @@ async def test_a_grant_made_ahead_of_a_list_that_changed_meanwhile_is_not_handed
     made = allocation_module.grant
 
     def while_the_list_changes(devices, permissions):
+        monkeypatch.setattr(allocation_module, "grant", made)
         trio.from_thread.run_sync(inventory.publish, (A,))
+        trio.from_thread.run_sync(plugin.allocate, [["sda"]])  # a pod meanwhile
         return made(devices, permissions)
 
     monkeypatch.setattr(allocation_module, "grant", while_the_list_changes)
     await plugin.warm()
-    monkeypatch.setattr(allocation_module, "grant", made)
+
+    def made_again(*args):
+        raise AssertionError("the grant was made again at Allocate")
+
+    monkeypatch.setattr(allocation_module, "grant", made_again)
     (grant,) = plugin.allocate([["sda"]], refresh=False)
     assert [g.host_path for g in grant] == ["/dev/sda"]
+
+
+async def test_a_count_made_in_its_thread_is_in_force_while_the_natural_order_is_made(
+    monkeypatch,
+):
+    """ "each": a new list's units are counted, then put in natural order,
+    each in a worker thread; an Allocate between the two finds the count
+    made, and does not count again on the Trio thread."""
+    import threading
+
+    import trio
+
+    from powerdev.resources import plugin as plugin_module
+
+    devices = tuple(Device(f"loop{i}", f"/dev/loop{i}", "b", 7, i) for i in range(5))
+    plugin = Plugin(ResourceConfig(allocation="each"), Inventory(devices), refresh=None, spec=None)
+    counted, ranked = plugin_module._counted, plugin_module._ranked
+    on_trio_thread = []
+    ranking_began, go_on = threading.Event(), threading.Event()
+
+    def counting(*args):
+        on_trio_thread.append(threading.current_thread() is threading.main_thread())
+        return counted(*args)
+
+    def ranking(units):
+        ranking_began.set()
+        go_on.wait(timeout=30)
+        return ranked(units)
+
+    monkeypatch.setattr(plugin_module, "_counted", counting)
+    monkeypatch.setattr(plugin_module, "_ranked", ranking)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(plugin.units_soon, plugin.inventory.current)
+        try:
+            await trio.to_thread.run_sync(ranking_began.wait, 30)
+            assert len(plugin.units()) == 5  # an Allocate meanwhile
+        finally:
+            go_on.set()
+    assert on_trio_thread == [False]
+    assert plugin.preferred([(["loop3", "loop1"], [], 1)]) == [["loop1"]]
