@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -150,6 +151,14 @@ def build_devices(
 # unit ID -> (its names, its condition, what was published for them: a
 # device, or None)
 Built = dict[str, tuple[tuple[Device, ...], str, "dict[str, Any] | None"]]
+# unit ID -> (the condition its taint says, since when: RFC 3339), for the
+# tainted units of a pool: a taint keeps its timeAdded through every write
+# of its slice until the condition changes
+Since = dict[str, tuple[str, str]]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def build_devices_in_steps(
@@ -159,24 +168,29 @@ async def build_devices_in_steps(
     said: Said | None = None,
     step: int = 500,
     built: Built | None = None,
+    since: Since | None = None,
 ) -> list[dict[str, Any]]:
     """build_devices(), letting other tasks run every `step` units: a pool of
     10,000 devices is some 100 ms of work, too long for one Trio step. With
     `built` (what the last call built, updated here), a unit whose names
     and condition are the same objects as then is not built again: a
     change of one device costs one device's work and a pass over the
-    rest."""
+    rest. With `since` (updated here too), each taint says since when its
+    unit is in its condition (timeAdded), not when its slice was written."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
     fresh: Built = {}
+    still: Since = {}
     for start in range(0, len(units), step):
-        published += _published(
-            resource_name, units[start : start + step], health, said, built, fresh
-        )
+        part = units[start : start + step]
+        published += _published(resource_name, part, health, said, built, fresh, since, still)
         await trio.lowlevel.checkpoint()
     if built is not None:
         built.clear()
         built.update(fresh)
+    if since is not None:
+        since.clear()
+        since.update(still)
     return sorted(published, key=lambda d: d["name"])
 
 
@@ -187,10 +201,17 @@ def _published(
     said: Said | None,
     built: Built | None = None,
     fresh: Built | None = None,
+    since: Since | None = None,
+    still: Since | None = None,
 ) -> list[dict[str, Any]]:
     published = []
     for unit_id, names in units:
         level = health.condition_of(names[0]).level if health is not None else FINE
+        added = None
+        if since is not None and still is not None and level in TAINT_EFFECTS:
+            was = since.get(unit_id)
+            still[unit_id] = was if was is not None and was[0] == level else (level, _now())
+            added = still[unit_id][1]
         if built is not None and fresh is not None:
             kept = tuple(names)
             before = built.get(unit_id)
@@ -199,7 +220,7 @@ def _published(
                     published.append(before[2])
                 fresh[unit_id] = before
                 continue
-        device = _one(resource_name, unit_id, names, level, health, said)
+        device = _one(resource_name, unit_id, names, level, health, said, added)
         if device is not None:
             published.append(device)
         if fresh is not None and level != FAILED:  # a failed one's fate follows its holders
@@ -214,8 +235,10 @@ def _one(
     level: str,
     health: Health | None,
     said: Said | None,
+    added: str | None = None,
 ) -> dict[str, Any] | None:
-    """What the pool publishes for one unit, or None."""
+    """What the pool publishes for one unit, or None; a taint's timeAdded
+    is `added` where given (else the API server stamps each write)."""
     if not all(d.healthy for d in names):
         if level != FAILED or health is None:
             return None
@@ -231,7 +254,10 @@ def _one(
         device["capacity"] = {"size": {"value": str(facts.size)}}
     effect = TAINT_EFFECTS.get(level)
     if effect is not None:
-        device["taints"] = [{"key": CONDITION_TAINT, "value": level, "effect": effect}]
+        taint = {"key": CONDITION_TAINT, "value": level, "effect": effect}
+        if added is not None:
+            taint["timeAdded"] = added
+        device["taints"] = [taint]
     return device
 
 
@@ -515,13 +541,19 @@ async def keep_published(
     published: list[dict[str, Any]] | None = None
     said: Said = set()
     built: Built = {}
+    since: Since = {}
     try:
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
             wake = pool.lost  # before any await: a loss while building is not missed
             devices = await build_devices_in_steps(
-                name, plugin.offered_to_dra(snapshot), plugin.tracker, said, built=built
+                name,
+                plugin.offered_to_dra(snapshot),
+                plugin.tracker,
+                said,
+                built=built,
+                since=since,
             )
             if devices != published:
                 try:

@@ -908,3 +908,48 @@ async def test_a_device_of_a_subrequest_is_answered_for_its_request(tmp_path):
     again = make_claims(tmp_path, api, DEVICES)  # answered from the checkpoint after a restart
     await again.load()
     assert await again.prepare(ClaimRef("ns", "c1", "uid-1")) == [prepared]
+
+
+async def test_a_taint_says_since_when_its_condition_holds_not_when_its_slice_was_written(
+    monkeypatch,
+):
+    """timeAdded is the time powerdev first published the unit in that
+    condition: kept when the unit or its neighbours are built again, new
+    when the condition changes, gone with the taint."""
+    from powerdev.dra import slices
+    from powerdev.dra.slices import build_devices_in_steps
+
+    clock = iter(["2026-12-02T10:00:00Z", "2026-12-02T11:00:00Z", "2026-12-02T12:00:00Z"])
+    monkeypatch.setattr(slices, "_now", lambda: next(clock))
+    devices = [dev(f"/dev/sd{c}", i * 16, unit=f"u{i}") for i, c in enumerate("abc")]
+    health = Conditions({"/dev/sdb": DEGRADED})
+    built: dict = {}
+    since: dict = {}
+
+    async def taints() -> dict:
+        published = await build_devices_in_steps(
+            "example.com/lun", devices, health, built=built, since=since
+        )
+        return {d["name"]: d.get("taints") for d in published}
+
+    first = await taints()
+    assert first["u1"] == [
+        {
+            "key": CONDITION_TAINT,
+            "value": "degraded",
+            "effect": "None",
+            "timeAdded": "2026-12-02T10:00:00Z",
+        }
+    ]
+    devices[1] = dev("/dev/sdb", 16, unit="u1", numa=1)  # built again, same condition
+    devices[0] = dev("/dev/sda", 0, unit="u0", numa=1)  # and a neighbour
+    assert (await taints())["u1"][0]["timeAdded"] == "2026-12-02T10:00:00Z"
+    health.levels["/dev/sdb"] = FAILED  # a new condition: a new time
+    devices[1] = dev("/dev/sdb", 16, healthy=False, unit="u1")
+    assert (await taints())["u1"][0]["timeAdded"] == "2026-12-02T11:00:00Z"
+    del health.levels["/dev/sdb"]  # fine again: no taint, nothing kept
+    devices[1] = dev("/dev/sdb", 16, unit="u1")
+    assert (await taints())["u1"] is None
+    assert since == {}
+    health.levels["/dev/sdb"] = DEGRADED  # degraded once more: since now
+    assert (await taints())["u1"][0]["timeAdded"] == "2026-12-02T12:00:00Z"
