@@ -235,12 +235,14 @@ def claim_on(class_name: str, path: str, *, admin: bool = False) -> dict:
 
 def read_then_try_to_write(device: str, length: int, attempt: str) -> str:
     """Prints the device's owner, group and mode, reads `length` bytes at
-    its start, then tries to write `attempt` there and says how it went."""
+    its start, then tries to write `attempt` there and says how it went;
+    then stays until the pod is deleted (its claim stays allocated)."""
     return (
         f"DEV={device}; {OWNER}"
         f"echo read: $(dd if=$DEV bs={length} count=1 2>/dev/null); "
         f"if printf '%s' '{attempt}' | dd of=$DEV conv=fsync 2>/tmp/dd.err; "
-        "then echo wrote; else echo refused: $(cat /tmp/dd.err); fi"
+        "then echo wrote; else echo refused: $(cat /tmp/dd.err); fi; "
+        "exec sleep 3600"
     )
 
 
@@ -258,7 +260,7 @@ async def test_admin_access_reads_a_device_a_running_pod_holds_and_cannot_write_
     class_name = await namespace.device_class(resource)
     await node_api.label_namespace(namespace.name, {ADMIN_NAMESPACE_LABEL: "true"})
     with trio.fail_after(3 * LIMIT), loop_devices(tmp_path, 2) as loops:
-        (device, backing), _ = loops  # the second: the ordinary claim could take another
+        (device, backing), _ = loops  # a second, free: admin access must reach the held one
         async with powerdev(real_node, tmp_path, [dra_entry(resource)]):
             held = await node_api.create(
                 claims, {"metadata": {"name": "held"}, "spec": claim_on(class_name, device)}
@@ -279,12 +281,14 @@ async def test_admin_access_reads_a_device_a_running_pod_holds_and_cannot_write_
                 {"metadata": {"name": "look"}, "spec": claim_on(class_name, device, admin=True)},
             )
             attempt = mark()
-            phase, log = await namespace.run_pod(
+            await node_api.create(
+                namespace.pods,
                 busybox_pod("admin", read_then_try_to_write(device, len(text), attempt),
                             claims=[{"name": "dev", "resourceClaimName": "look"}],
-                            groups=(GROUP,))
+                            groups=(GROUP,)),
             )  # fmt: skip
-            assert phase == "Succeeded", log
+            await namespace.running("admin")
+            log = await namespace.wait_log("admin", lambda t: "wrote" in t or "refused:" in t)
             assert f"owner=0 group={GROUP} mode=660" in log, log  # the mode would let it write
             assert f"read: {text}" in log, log
             assert "refused:" in log and "Operation not permitted" in log, log
