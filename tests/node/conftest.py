@@ -148,10 +148,14 @@ class Namespace:
     async def device_class(self, resource: str, driver: str = DRIVER) -> str:
         """A DeviceClass for the devices of `resource`, named after the
         namespace; deleted with the namespace by the fixture."""
-        name = f"{self.name}-dev"
-        await self.api.create(f"{RESOURCE_API}/deviceclasses", device_class(name, resource, driver))
-        self.classes.append(name)
-        return name
+        return await self.create_device_class(device_class(f"{self.name}-dev", resource, driver))
+
+    async def create_device_class(self, body: dict) -> str:
+        """The DeviceClass `body` (a manifest, like deploy/dra's), created;
+        deleted with the namespace by the fixture. Its name."""
+        await self.api.create(f"{RESOURCE_API}/deviceclasses", body)
+        self.classes.append(body["metadata"]["name"])
+        return body["metadata"]["name"]
 
     async def delete_pod(self, name: str) -> None:
         await self.api.delete(f"{self.pods}/{name}")
