@@ -106,12 +106,18 @@ async def node_advertises(api: Api, node: str, allocatable: int, seen: str) -> N
 
 
 async def extended_claim(node: Node, bound: dict) -> dict:
-    """The claim the scheduler made for a bound pod, from the pod's status:
-    checked to be the scheduler's, for this pod, allocated from powerdev's
-    pool on the node and reserved for the pod."""
+    """The claim the scheduler made for a bound pod, checked (below)."""
+    return await checked_extended_claim(node.api, node.namespace, node.name, bound)
+
+
+async def checked_extended_claim(api: Api, namespace: str, node: str, bound: dict) -> dict:
+    """The claim the scheduler made for a pod bound to `node`, from the
+    pod's status.extendedResourceClaimStatus: checked to be the
+    scheduler's, for this pod, of the shipped class, allocated from
+    powerdev's pool on the node and reserved for the pod."""
     status = bound["status"]["extendedResourceClaimStatus"]
-    claims = f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims"
-    claim = await node.api.get(f"{claims}/{status['resourceClaimName']}")
+    claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    claim = await api.get(f"{claims}/{status['resourceClaimName']}")
     meta = claim["metadata"]
     assert meta["name"].startswith(f"{bound['metadata']['name']}-extended-resources-")
     assert meta["annotations"][EXTENDED_CLAIM] == "true"
@@ -133,7 +139,7 @@ async def extended_claim(node: Node, bound: dict) -> dict:
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"], result["request"]) == (
         DRIVER,
-        pool_name(node.name, RESOURCE),
+        pool_name(node, RESOURCE),
         request["name"],
     )
     assert [r["uid"] for r in claim["status"]["reservedFor"]] == [bound["metadata"]["uid"]]

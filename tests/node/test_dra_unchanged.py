@@ -24,22 +24,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
-import yaml
 
 from powerdev.devtools.cluster.client import Api
 from powerdev.devtools.cluster.node import Node
 from powerdev.devtools.cluster.nodepods import DRIVER, RESOURCE_API, busybox_pod, loop_devices
-from powerdev.devtools.kit import ROOT
 from powerdev.devtools.testing import LOOP_PATTERN, is_root, wait_gone
 from powerdev.dra.names import pool_name
+from tests.dra.test_extended_resource import RESOURCE, checked_extended_claim, shipped_class
 from tests.node.conftest import LIMIT, Namespace, powerdev, written
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: a real node and loop devices")
 
-RESOURCE = "power-dev-plugin/dev"  # the shipped resource, which the shipped class names
-SHIPPED_CLASS = ROOT / "deploy" / "dra" / "deviceclass.yaml"
-# What the scheduler puts on the claim it makes for a pod's extended resources.
-EXTENDED_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
 # A node label set once the Node shows no allocatable RESOURCE: a pod that
 # selects it is scheduled only once the scheduler has seen that status.
@@ -60,12 +55,6 @@ def dra_entry(resource: str) -> dict:
         "device-gid": GROUP,
         "device-mode": "0660",
     }
-
-
-def shipped_class() -> dict:
-    doc = yaml.safe_load(SHIPPED_CLASS.read_text())
-    assert doc["spec"]["extendedResourceName"] == RESOURCE
-    return doc
 
 
 def write_read_and_stay(mark: str) -> str:
@@ -134,39 +123,9 @@ async def device_path(api: Api, real_node: Node, resource: str, device: str) -> 
 
 
 async def extended_claim(namespace: Namespace, pod: dict) -> dict:
-    """The claim the scheduler made for a running unchanged pod, from the
-    pod's status.extendedResourceClaimStatus: checked to be the scheduler's,
-    for this pod, of the shipped class, allocated from powerdev's pool on
-    the node and reserved for the pod."""
-    status = pod["status"]["extendedResourceClaimStatus"]
-    claims = f"{RESOURCE_API}/namespaces/{namespace.name}/resourceclaims"
-    claim = await namespace.api.get(f"{claims}/{status['resourceClaimName']}")
-    meta = claim["metadata"]
-    assert meta["name"].startswith(f"{pod['metadata']['name']}-extended-resources-")
-    assert meta["annotations"][EXTENDED_CLAIM] == "true"
-    (owner,) = meta["ownerReferences"]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == (
-        "Pod",
-        pod["metadata"]["uid"],
-        True,
-    )
-    (request,) = claim["spec"]["devices"]["requests"]
-    assert request["exactly"]["deviceClassName"] == shipped_class()["metadata"]["name"]
-    assert request["exactly"]["count"] == 1
-    (mapping,) = status["requestMappings"]
-    assert mapping == {
-        "containerName": "c0",
-        "resourceName": RESOURCE,
-        "requestName": request["name"],
-    }
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert (result["driver"], result["pool"], result["request"]) == (
-        DRIVER,
-        pool_name(namespace.node.name, RESOURCE),
-        request["name"],
-    )
-    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
-    return claim
+    """The claim the scheduler made for a running unchanged pod, checked as
+    the control plane test checks it."""
+    return await checked_extended_claim(namespace.api, namespace.name, namespace.node.name, pod)
 
 
 async def run_unchanged(namespace: Namespace, name: str, text: str, selector: dict) -> dict:
