@@ -100,6 +100,14 @@ class ResourceConfig:
         return self.api in ("device-plugin", "both")
 
     @property
+    def partitions_only(self) -> bool:
+        """A disk with partitions is left out, its partitions are the units:
+        "each" mode through the device plugin API. Through DRA alone the
+        disk is published too, and its pool's counters keep the scheduler
+        from allocating it with a partition (dra/families.py)."""
+        return self.allocation == "each" and self.api != "dra"
+
+    @property
     def both(self) -> bool:
         """Served through both APIs, a device held through one withheld from the other."""
         return self.api == "both"

@@ -61,8 +61,10 @@ class KubeApi:
             if op == "DELETED" and item.metadata is not None and item.metadata.name:
                 yield item.metadata.name
 
-    async def apply_slice(self, body: dict[str, Any]) -> None:
-        await self._api.apply(from_dict(body), force=True)
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The slice created or updated: what the API server kept of it."""
+        kept = await self._api.apply(from_dict(body), force=True)
+        return kept.to_dict()  # type: ignore[no-any-return]
 
     async def delete_slice(self, name: str) -> None:
         try:

@@ -56,6 +56,13 @@ def slice_name(node: str, driver: str, resource_name: str, index: int) -> str:
     return f"{readable}-{_digest(f'{driver}/{node}/{resource_name}')}-{index}"
 
 
+def counter_slice_name(node: str, driver: str, resource_name: str, index: int) -> str:
+    """The name of the index-th slice of a pool's shared counters (a slice
+    holds devices or counters, never both): slice_name()'s, "c" before
+    the index."""
+    return slice_name(node, driver, resource_name, index).rpartition("-")[0] + f"-c{index}"
+
+
 def registration_socket(registry_dir: Path, driver: str) -> Path:
     """Where the kubelet's plugin watcher finds the driver: <dir>/<driver>-reg.sock."""
     return registry_dir / f"{driver}-reg.sock"

@@ -41,8 +41,10 @@ import trio
 import trio.lowlevel
 
 from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
+from powerdev.devices.family import Key
 from powerdev.devices.model import Device
-from powerdev.dra.names import device_name, pool_name, slice_name
+from powerdev.dra import families
+from powerdev.dra.names import counter_slice_name, device_name, pool_name, slice_name
 from powerdev.ops import metrics
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.plugin import Plugin
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_WITH_TAINTS = 64  # in a slice where any device has a taint
+MAX_DEVICES_WITH_TAINTS = 64  # in a slice where any device has a taint or consumes counters
 CONDITION_TAINT = "dra.powerdev.io/condition"
 # A device's condition -> the effect of its taint (a fine device has none).
 TAINT_EFFECTS = {DEGRADED: "None", FAILED: "NoSchedule"}
@@ -125,6 +127,14 @@ def _say_left_out(said: Said, resource_name: str, path: str, attribute: str) -> 
     )
 
 
+def _say_apart(said: Said, resource_name: str, found: families.Families) -> None:
+    """Each device a family leaves out, said once for each reason."""
+    for device, why in sorted(found.left_out.items()):
+        if (resource_name, device, why) not in said:
+            said.add((resource_name, device, why))
+            log.warning("%s: DRA device %s is not published: %s", resource_name, device, why)
+
+
 class Health(Protocol):
     """What the pool asks of the resource's tracker about a device's own
     health (resources/tracker.py gives it)."""
@@ -169,6 +179,8 @@ async def build_devices_in_steps(
     step: int = 500,
     built: Built | None = None,
     since: Since | None = None,
+    family: Callable[[Key], frozenset[Key]] | None = None,
+    members: dict[str, Key] | None = None,
 ) -> list[dict[str, Any]]:
     """build_devices(), letting other tasks run every `step` units: a pool of
     10,000 devices is some 100 ms of work, too long for one Trio step. With
@@ -176,14 +188,23 @@ async def build_devices_in_steps(
     and condition are the same objects as then is not built again: a
     change of one device costs one device's work and a pass over the
     rest. With `since` (updated here too), each taint says since when its
-    unit is in its condition (timeAdded), not when its slice was written."""
+    unit is in its condition (timeAdded), not when its slice was written.
+    With `family` (the device table's overlapping()) and `members` (filled
+    here), the published devices that overlap some device: name -> key."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
     fresh: Built = {}
     still: Since = {}
     for start in range(0, len(units), step):
         part = units[start : start + step]
+        done = len(published)
         published += _published(resource_name, part, health, said, built, fresh, since, still)
+        if family is not None and members is not None:
+            names = {device["name"] for device in published[done:]}
+            for unit_id, unit in part:
+                key = unit[0].key
+                if family(key) and (name := device_name(unit_id)) in names:
+                    members[name] = key
         await trio.lowlevel.checkpoint()
     if built is not None:
         built.clear()
@@ -261,6 +282,22 @@ def _one(
     return device
 
 
+def with_families(devices: list[dict[str, Any]], found: families.Families) -> list[dict[str, Any]]:
+    """The devices as published with their families: each that shares
+    blocks consumes its family's counters, those left out are gone. The
+    devices themselves are not changed (built() keeps them)."""
+    if not found.consumes and not found.left_out:
+        return devices
+    out = []
+    for device in devices:
+        name = device["name"]
+        if name in found.left_out:
+            continue
+        consumes = found.consumes.get(name)
+        out.append(device if consumes is None else {**device, "consumesCounters": consumes})
+    return out
+
+
 def build_slices(
     driver: str, node: str, resource_name: str, devices: list[dict[str, Any]], generation: int
 ) -> list[dict[str, Any]]:
@@ -281,14 +318,19 @@ def _slice_body(
     devices: list[dict[str, Any]],
     generation: int,
     count: int,
+    counter_sets: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """A slice of devices, or with `counter_sets` one of counters (the API
+    allows one or the other in a slice)."""
+    if counter_sets is None:
+        name, content = slice_name(node, driver, resource_name, index), {"devices": devices}
+    else:
+        name = counter_slice_name(node, driver, resource_name, index)
+        content = {"sharedCounters": counter_sets}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {
-            "name": slice_name(node, driver, resource_name, index),
-            "labels": {"app.kubernetes.io/managed-by": "powerdev"},
-        },
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "powerdev"}},
         "spec": {
             "driver": driver,
             "nodeName": node,
@@ -297,22 +339,34 @@ def _slice_body(
                 "generation": generation,
                 "resourceSliceCount": count,
             },
-            "devices": devices,
+            **content,
         },
     }
 
 
-def _limit(tainted: bool) -> int:
-    return MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
+def _limit(advanced: bool) -> int:
+    return MAX_DEVICES_WITH_TAINTS if advanced else MAX_DEVICES_PER_SLICE
+
+
+def _advanced(device: dict[str, Any]) -> bool:
+    """Does the device lower its slice's limit to 64 (a taint, counters)?"""
+    return "taints" in device or "consumesCounters" in device
+
+
+def uses_counters(body: dict[str, Any]) -> bool:
+    spec = body.get("spec") or {}
+    return bool(spec.get("sharedCounters")) or any(
+        d.get("consumesCounters") for d in spec.get("devices") or ()
+    )
 
 
 def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The devices in order, in slices of at most 128, or of at most 64
-    where one of them has a taint."""
+    where one of them has a taint or consumes counters."""
     chunks: list[list[dict[str, Any]]] = [[]]
     tainted = False  # the last chunk has a tainted device
     for device in devices:
-        has_taint = "taints" in device
+        has_taint = _advanced(device)
         if len(chunks[-1]) >= _limit(tainted or has_taint):
             chunks.append([])
             tainted = False
@@ -326,11 +380,11 @@ def place(
 ) -> tuple[dict[str, int], int]:
     """Each device's slice, keeping where it was (`slots`, by device name,
     of a pool of `count` slices): a device that comes goes to the first
-    slice with room, a slice with a tainted device keeps at most 64 (its
-    other devices move out), and more slices are added only when no slice
-    has room. Empty slices at the end go; when half the slices or more
-    could go, the pool is packed again from scratch. Pure: the new slots
-    and slice count."""
+    slice with room, a slice with a tainted device or one that consumes
+    counters keeps at most 64 (its other devices move out), and more
+    slices are added only when no slice has room. Empty slices at the end
+    go; when half the slices or more could go, the pool is packed again
+    from scratch. Pure: the new slots and slice count."""
     needed = max(1, -(-len(devices) // MAX_DEVICES_PER_SLICE))
     if count == 0 or count >= 2 * needed + 1:
         chunks = _chunks(list(devices))
@@ -347,7 +401,7 @@ def place(
             continue
         placed[name] = at
         sizes[at] += 1
-        if "taints" in device:
+        if _advanced(device):
             tainted[at] = True
     crowded = {i for i in range(count) if tainted[i] and sizes[i] > MAX_DEVICES_WITH_TAINTS}
     if crowded:  # a taint lowered a slice's limit: its untainted devices past 64 move
@@ -357,14 +411,14 @@ def place(
             if at in members:
                 members[at].append(device)
         for i, group in members.items():
-            group.sort(key=lambda d: ("taints" not in d, d["name"]))
+            group.sort(key=lambda d: (not _advanced(d), d["name"]))
             for device in group[MAX_DEVICES_WITH_TAINTS:]:
                 del placed[device["name"]]
                 newcomers.append(device)
             sizes[i] = MAX_DEVICES_WITH_TAINTS
     first_free = 0
     for device in sorted(newcomers, key=lambda d: d["name"]):
-        has_taint = "taints" in device
+        has_taint = _advanced(device)
         i = 0 if has_taint else first_free
         while i < len(sizes) and sizes[i] >= _limit(tainted[i] or has_taint):
             i += 1
@@ -386,9 +440,9 @@ class _Plan:
     """What one publication writes: computed in a worker thread."""
 
     slots: dict[str, int]
-    count: int
+    count: int  # slices of devices
     generation: int
-    changed: list[tuple[int, dict[str, Any]]]  # (index, body) to write
+    changed: list[dict[str, Any]]  # the bodies to write
     kept: set[str]  # the pool's slice names
 
 
@@ -397,7 +451,9 @@ class SliceApi(Protocol):
 
     async def pool_slices(self, driver: str, node: str, pool: str) -> list[dict[str, Any]]: ...
 
-    async def apply_slice(self, body: dict[str, Any]) -> None: ...
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create or update the slice: what the API server keeps of it (or
+        None, where it is not known)."""
 
     async def delete_slice(self, name: str) -> None: ...
 
@@ -413,7 +469,9 @@ class Pool:
     slices all carry one generation is whole, whichever of them was
     updated last). A change that touches more than one slice, adds a
     slice or changes their count is a new generation, written to every
-    slice."""
+    slice. A pool's shared counters (families.py) are slices of their own,
+    after its devices'. An API server that drops them (its gate off) is
+    remembered in counters_dropped."""
 
     api: SliceApi
     driver: str
@@ -424,10 +482,11 @@ class Pool:
     _stale: set[str] = field(default_factory=set)  # no longer needed, not yet deleted
     _lost: trio.Event = field(default_factory=trio.Event)
     _slots: dict[str, int] = field(default_factory=dict)  # device name -> its slice
-    _count: int = 0  # slices in the pool, as last placed
-    _written: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> body on the server
+    _count: int = 0  # slices of devices in the pool, as last placed
+    _written: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> body on the server
     _written_at: int = 0  # the generation _written holds bodies of
     _epoch: int = 0  # lose()s so far: a write answered after one is not trusted
+    counters_dropped: bool = False  # the API server kept no counter we wrote
 
     def lose(self) -> None:
         """Someone else deleted a slice of ours (a starting kubelet wipes its
@@ -441,10 +500,13 @@ class Pool:
     def lost(self) -> trio.Event:
         return self._lost
 
-    async def publish(self, devices: list[dict[str, Any]]) -> int:
-        """These devices, in as few writes as it takes: one slice changed is
-        one write at the same generation, more is a new generation on every
-        slice. Slices no longer needed go. Returns the slices written."""
+    async def publish(
+        self, devices: list[dict[str, Any]], counter_sets: Sequence[dict[str, Any]] = ()
+    ) -> int:
+        """These devices and counter sets, in as few writes as it takes: one
+        slice changed is one write at the same generation, more is a new
+        generation on every slice. Slices no longer needed go. Returns the
+        slices written."""
         epoch = self._epoch
         if self.generation == 0:  # the first time: after any generation left before
             found = await self.api.pool_slices(self.driver, self.node, self.name)
@@ -453,9 +515,9 @@ class Pool:
             self._written.clear()
         written = dict(self._written) if self._written_at == self.generation else {}
         if len(devices) < PLAN_IN_A_THREAD:
-            plan = self._plan(devices, written)
+            plan = self._plan(devices, counter_sets, written)
         else:  # at 10,000 devices some 20 ms of work: off the Trio thread
-            plan = await trio.to_thread.run_sync(self._plan, devices, written)
+            plan = await trio.to_thread.run_sync(self._plan, devices, counter_sets, written)
         self._slots, self._count, self.generation = plan.slots, plan.count, plan.generation
         changed, kept = plan.changed, plan.kept
         if plan.generation != self._written_at:
@@ -474,7 +536,12 @@ class Pool:
             self._stale.discard(name)
         return len(changed)
 
-    def _plan(self, devices: list[dict[str, Any]], written: dict[int, dict[str, Any]]) -> _Plan:
+    def _plan(
+        self,
+        devices: list[dict[str, Any]],
+        counter_sets: Sequence[dict[str, Any]],
+        written: dict[str, dict[str, Any]],
+    ) -> _Plan:
         """The slots, and the slices to write (one at the same generation,
         or all at the next), given what the server has (`written`). Reads
         the pool, which only publish() changes."""
@@ -482,31 +549,37 @@ class Pool:
         groups: list[list[dict[str, Any]]] = [[] for _ in range(count)]
         for device in devices:
             groups[slots[device["name"]]].append(device)
+        step = families.MAX_SETS_PER_SLICE
+        sets = [list(counter_sets[i : i + step]) for i in range(0, len(counter_sets), step)]
+        total = count + len(sets)
 
         def bodies(generation: int) -> list[dict[str, Any]]:
+            where = (self.driver, self.node, self.resource_name)
             return [
-                _slice_body(self.driver, self.node, self.resource_name, i, group, generation, count)
-                for i, group in enumerate(groups)
+                *(_slice_body(*where, i, g, generation, total) for i, g in enumerate(groups)),
+                *(_slice_body(*where, i, [], generation, total, c) for i, c in enumerate(sets)),
             ]
 
         generation = self.generation
         now = bodies(generation)
-        changed = [(i, b) for i, b in enumerate(now) if written.get(i) != b]
-        if len(changed) > 1 or len(written) != count:
+        changed = [b for b in now if written.get(b["metadata"]["name"]) != b]
+        if len(changed) > 1 or len(written) != total:
             generation += 1
             now = bodies(generation)
-            changed = list(enumerate(now))
+            changed = now
         return _Plan(slots, count, generation, changed, {b["metadata"]["name"] for b in now})
 
-    async def _apply(self, epoch: int, slot: tuple[int, dict[str, Any]]) -> None:
+    async def _apply(self, epoch: int, body: dict[str, Any]) -> None:
         """One slice written; known as written only once the API server said
         so, and only if the pool was not lost meanwhile (a write that fails
         may have been applied: its slice is then written anew)."""
-        index, body = slot
-        self._written.pop(index, None)
-        await self.api.apply_slice(body)
+        name = body["metadata"]["name"]
+        self._written.pop(name, None)
+        kept = await self.api.apply_slice(body)
+        if kept is not None and uses_counters(body) and not uses_counters(kept):
+            self.counters_dropped = True
         if self._epoch == epoch:
-            self._written[index] = body
+            self._written[name] = body
 
     async def delete(self) -> None:
         """Every slice of the pool, whoever published it."""
@@ -538,15 +611,18 @@ async def keep_published(
     backoff = Backoff(*RETRY)
     metrics.dra_served(name)
     seen = -1
-    published: list[dict[str, Any]] | None = None
+    published: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
     said: Said = set()
     built: Built = {}
     since: Since = {}
+    table = getattr(plugin.tracker, "table", None)  # the node's device table
+    members: dict[str, Key] = {}
     try:
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version
             wake = pool.lost  # before any await: a loss while building is not missed
+            members.clear()
             devices = await build_devices_in_steps(
                 name,
                 plugin.offered_to_dra(snapshot),
@@ -554,10 +630,18 @@ async def keep_published(
                 said,
                 built=built,
                 since=since,
+                family=table.overlapping if table is not None else None,
+                members=members,
             )
-            if devices != published:
+            found = families.Families()
+            if members and table is not None:
+                counters = not pool.counters_dropped
+                found = families.plan(members, table.overlapping, table.relation, counters=counters)
+                _say_apart(said, name, found)
+            devices = with_families(devices, found)
+            if (devices, found.counter_sets) != published:
                 try:
-                    written = await pool.publish(devices)
+                    written = await pool.publish(devices, found.counter_sets)
                 except Exception as err:  # the API server: unreachable, refusing
                     published = None  # tried again whatever the inventory does meanwhile
                     metrics.dra_publish_failed(name)
@@ -570,7 +654,15 @@ async def keep_published(
                     await trio.sleep(backoff.next())
                     continue
                 backoff.reset()
-                published = devices
+                published = devices, found.counter_sets
+                if found.counter_sets and pool.counters_dropped:
+                    log.error(
+                        "%s: the API server keeps no shared counters (its "
+                        "DRAPartitionableDevices gate is off; on by default since Kubernetes "
+                        "1.36): devices that share blocks are published apart, the smallest first",
+                        name,
+                    )
+                    continue  # published again at once, without counters
                 problem(None)
                 metrics.dra_published(name, written, len(pool.names))
                 log.info(

@@ -127,7 +127,7 @@ def _judge(
         literal_only=literal_only(resource, path, key, table),
         host_use=facts.host_use,
         allow_host_used=resource.allow_host_used,
-        each=resource.allocation == "each",
+        each=resource.partitions_only,
         has_partitions=facts.has_partitions,
         no_medium=facts.no_medium,
         failed=facts.condition.why if facts.condition.failed else None,

@@ -335,7 +335,7 @@ class Tracker:
             first == key
             and facts.literal_only is None
             and (facts.host_use is None or resource.allow_host_used)
-            and not (facts.has_partitions and resource.allocation == "each")
+            and not (facts.has_partitions and resource.partitions_only)
             and not failed
             and facts.no_medium is None
             and (self.ledger is None or self.ledger.quiet(key, resource.name))
@@ -361,7 +361,7 @@ class Tracker:
             named_literally=False,
             host_use=facts.host_use,
             allow_host_used=resource.allow_host_used,
-            each=resource.allocation == "each",
+            each=resource.partitions_only,
             has_partitions=facts.has_partitions,
             no_medium=facts.no_medium,
             failed=facts.condition.why if failed else None,

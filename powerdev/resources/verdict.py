@@ -11,6 +11,9 @@ slices and NodePrepareResources (dra/), and `powerdev scan` (ops/scan.py).
    listed, unless the resource allows host-used devices.
 3. In "each" mode a disk with partitions is left out (or Unhealthy where
    listed): its partitions are the units, so no two pods share blocks.
+   Through DRA alone the disk is offered too: its pool's shared counters
+   keep the scheduler from allocating it and a partition to two claims
+   (dra/families.py), and rule 8 keeps a second holder off at prepare.
 4. A block device with no medium (sysfs `size` 0: a loop device with no
    file attached or detached, a drive with no disc) is left out, or
    Unhealthy where listed: there is nothing to read or write, and a pod
@@ -71,7 +74,7 @@ class Case:
     named_literally: bool = False  # a pattern names its path exactly
     host_use: str | None = None  # why the host uses it
     allow_host_used: bool = False
-    each: bool = False  # the resource's allocation is "each"
+    each: bool = False  # the resource's units are partitions, not their disk (rule 3)
     has_partitions: bool = False
     no_medium: str | None = None  # why a block device has nothing to read or write
     failed: str | None = None  # what its own state says is wrong, when it has failed

@@ -1,0 +1,97 @@
+"""A disk and its partitions through DRA, end to end (root): a real loop disk
+with a GPT table, a "dra" resource that lists the disk and its partitions,
+the kit's API server taking the pool's shared counters and the real
+scheduler honouring them. A claim gets a partition; a claim for the whole
+disk then waits, Unschedulable, while the other partition still goes to a
+third claim; once the partition's claim is gone, the disk's claim is
+allocated. The scheduler never gives overlapping blocks to two claims."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from powerdev.dra.names import counter_slice_name, slice_name
+from tests.conftest import require_command
+from tests.dra.test_driver import LIMIT, RESOURCE, dra_node, powerdev
+from tests.dra.test_harness import RESOURCE_API
+from tests.kernel.test_host_use_topology import gpt_image, loop_devices
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/dev/loop-control"), reason="no /dev/loop-control"
+)
+FIRST = 416  # inside test_host_use_topology's range, one test at a time
+
+
+def unschedulable(pod: dict) -> bool:
+    return any(
+        c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+        for c in pod["status"].get("conditions", [])
+    )
+
+
+async def pod_for(node, name: str, path: str) -> None:
+    """A claim for the device at `path` and a pod using it (not waited for)."""
+    await node.api.create(
+        f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": node.claim_spec(cel=f'device.attributes["{node.driver}"].path == "{path}"'),
+        },
+    )
+    await node.pod_using(name, {"resourceClaimName": name})
+
+
+async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_claims(
+    api, control_plane, draharness, tmp_path
+):
+    require_command("partx", "util-linux")
+    options = ("--sys-root", "/sys")
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
+        async with (
+            dra_node(
+                api,
+                control_plane,
+                draharness,
+                tmp_path,
+                options=options,
+                host_devices=(f"{disk}*",),
+            ) as node,
+            powerdev(node),
+        ):
+            slices = f"{RESOURCE_API}/resourceslices"
+            where = (node.name, node.driver, RESOURCE, 0)
+            # the pool's counters and devices, as the API server kept them
+            counters = await api.wait_for(slices, counter_slice_name(*where))
+            (family,) = counters["spec"]["sharedCounters"]
+            assert list(family["counters"].values()) == [{"value": "2"}]  # two partitions
+            devices = await api.wait_for(slices, slice_name(*where))
+            consumed = {
+                d["attributes"]["path"]["string"]: d["consumesCounters"][0]["counters"]
+                for d in devices["spec"]["devices"]
+            }
+            assert {path: list(c.values()) for path, c in consumed.items()} == {
+                disk: [{"value": "2"}],
+                f"{disk}p1": [{"value": "1"}],
+                f"{disk}p2": [{"value": "1"}],
+            }
+
+            pods = f"/api/v1/namespaces/{node.namespace}/pods"
+            claims = f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims"
+            await pod_for(node, "part", f"{disk}p1")
+            await node.bound("part")
+            await pod_for(node, "whole", disk)
+            waiting = await api.wait_for(pods, "whole", unschedulable)
+            assert "nodeName" not in waiting["spec"]
+            await pod_for(node, "neighbour", f"{disk}p2")  # the other partition still goes
+            await node.bound("neighbour")
+
+            for name in ("part", "neighbour"):  # the partitions' claims go: the disk is free
+                await api.delete(f"{pods}/{name}?gracePeriodSeconds=0")
+                await api.delete(f"{claims}/{name}")
+            await node.bound("whole")

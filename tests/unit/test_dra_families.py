@@ -1,0 +1,273 @@
+"""Devices of one pool that share blocks, as shared counters (dra/families.py):
+for any nesting of disks, partitions, aliases and stacked devices, a set
+of devices fits the counters exactly when no two of them overlap; where
+counters cannot say it, the devices published do not overlap and every
+one left out overlaps one that is published. And the pool: counters in
+slices of their own, and an API server that drops them."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerdev.config import ResourceConfig
+from powerdev.devices.condition import Condition
+from powerdev.devices.inventory import Inventory
+from powerdev.devices.model import Device
+from powerdev.dra import families
+from powerdev.dra.slices import Pool, keep_published, uses_counters
+from powerdev.resources.plugin import Plugin
+
+
+class Storage:
+    """A made-up host: storage nodes in a forest (a partition on its disk,
+    a loop device on a partition), each node reached by one or more device
+    numbers (a disk and its alias, two loops on one file)."""
+
+    def __init__(self, parents: list[int | None], names_per_node: list[int]) -> None:
+        self.parents = parents
+        self.node_of: dict[tuple, int] = {}
+        minor = 0
+        for node, count in enumerate(names_per_node):
+            for _ in range(count):
+                self.node_of[("b", 7, minor)] = node
+                minor += 1
+
+    def under(self, node: int) -> set[int]:
+        """What the node lies on, all the way down."""
+        found = set()
+        parent = self.parents[node]
+        while parent is not None:
+            found.add(parent)
+            parent = self.parents[parent]
+        return found
+
+    def overlap(self, a: tuple, b: tuple) -> bool:
+        x, y = self.node_of[a], self.node_of[b]
+        return x == y or x in self.under(y) or y in self.under(x)
+
+    def overlapping(self, key: tuple) -> frozenset:
+        return frozenset(k for k in self.node_of if k != key and self.overlap(key, k))
+
+    def relation(self, key: tuple, other: tuple) -> str:
+        x, y = self.node_of[key], self.node_of[other]
+        if x == y:
+            return "same"
+        return "below" if y in self.under(x) else "above"
+
+
+@st.composite
+def storages(draw):
+    count = draw(st.integers(1, 7))
+    parents: list[int | None] = [None]
+    for node in range(1, count):
+        parents.append(draw(st.one_of(st.none(), st.integers(0, node - 1))))
+    names = [draw(st.integers(1, 2)) for _ in range(count)]
+    return Storage(parents, names)
+
+
+def members(storage: Storage) -> dict[str, tuple]:
+    return {f"d{key[2]}": key for key in storage.node_of}
+
+
+def fits(found: families.Families, chosen: tuple[str, ...]) -> bool:
+    """Would the scheduler allocate these devices together, by their counters?"""
+    capacity = {
+        (s["name"], c): int(v["value"])
+        for s in found.counter_sets
+        for c, v in s["counters"].items()
+    }
+    used = dict.fromkeys(capacity, 0)
+    for name in chosen:
+        for consumption in found.consumes.get(name, ()):
+            for counter, amount in consumption["counters"].items():
+                used[(consumption["counterSet"], counter)] += int(amount["value"])
+    return all(used[k] <= capacity[k] for k in capacity)
+
+
+@settings(max_examples=300, deadline=None)
+@given(storages())
+def test_devices_fit_their_counters_together_exactly_when_none_of_them_overlap(storage):
+    named = members(storage)
+    found = families.plan(named, storage.overlapping, storage.relation)
+    assert not found.left_out  # a forest always nests
+    for consumption in found.consumes.values():
+        assert len(consumption) == 1 and len(consumption[0]["counters"]) <= 32
+    for size in range(2, min(len(named), 4) + 1):
+        for chosen in combinations(sorted(named), size):
+            apart = all(not storage.overlap(named[a], named[b]) for a, b in combinations(chosen, 2))
+            assert fits(found, chosen) == apart, chosen
+    overlapping = {n for n, k in named.items() if storage.overlapping(k)}
+    assert set(found.consumes) == overlapping  # a device that overlaps nothing counts nothing
+
+
+@settings(max_examples=200, deadline=None)
+@given(storages())
+def test_without_counters_what_is_published_does_not_overlap_and_all_else_overlaps_it(storage):
+    named = members(storage)
+    found = families.plan(named, storage.overlapping, storage.relation, counters=False)
+    assert not found.counter_sets and not found.consumes
+    kept = [n for n in named if n not in found.left_out]
+    for a, b in combinations(kept, 2):
+        assert not storage.overlap(named[a], named[b])
+    for name, why in found.left_out.items():
+        assert any(storage.overlap(named[name], named[k]) for k in kept)
+        assert why.endswith(families.NO_COUNTERS)
+
+
+def test_a_disk_and_its_partitions_keep_one_counter_and_apart_the_partitions_stay():
+    disk = Storage([None, 0, 0, 0], [1, 1, 1, 1])  # d0 the disk; d1-d3 its partitions
+    found = families.plan(members(disk), disk.overlapping, disk.relation)
+    (counter_set,) = found.counter_sets
+    assert counter_set == {"name": "family-d0", "counters": {"c0": {"value": "3"}}}
+    assert found.consumes["d0"][0]["counters"] == {"c0": {"value": "3"}}
+    assert found.consumes["d2"][0]["counters"] == {"c0": {"value": "1"}}
+    apart = families.plan(members(disk), disk.overlapping, disk.relation, counters=False)
+    assert set(apart.left_out) == {"d0"}  # the partitions are the units, as in "each" mode
+
+
+def test_a_logical_volume_over_two_disks_does_not_nest_and_is_published_apart():
+    keys = {"lv": ("b", 253, 0), "sda": ("b", 8, 0), "sdb": ("b", 8, 16)}
+    on = {keys["lv"]: {keys["sda"], keys["sdb"]}}
+
+    def overlapping(key):
+        if key == keys["lv"]:
+            return frozenset(on[key])
+        return frozenset({keys["lv"]})
+
+    def relation(key, other):
+        return "below" if key == keys["lv"] else "above"
+
+    found = families.plan(keys, overlapping, relation)
+    assert not found.counter_sets
+    assert found.left_out == {
+        "sda": f"it shares blocks with lv, and {families.NOT_NESTED}",
+        "sdb": f"it shares blocks with lv, and {families.NOT_NESTED}",
+    }
+
+
+def test_a_family_of_more_than_32_counters_is_published_apart():
+    # 34 devices, each on the one before, each with an alias: 34 counters
+    chain = Storage([None, *range(33)], [2] * 34)
+    found = families.plan(members(chain), chain.overlapping, chain.relation)
+    assert not found.counter_sets
+    assert all(why.endswith(families.TOO_MANY) for why in found.left_out.values())
+    assert len(found.left_out) == 67  # one device of the 68 is published
+
+
+# --- the pool -------------------------------------------------------------
+
+DRIVER, NODE, RESOURCE = "dra.powerdev.io", "n1", "example.com/disk"
+
+
+class Table:
+    """The device table's family answers for a disk (7:0) and its partition (7:1)."""
+
+    disk, part = ("b", 7, 0), ("b", 7, 1)
+
+    def overlapping(self, key):
+        return frozenset({self.part if key == self.disk else self.disk})
+
+    def relation(self, key, other):
+        return "partition" if key == self.disk else "disk"
+
+
+class Tracker:
+    """What keep_published asks of a resource's tracker."""
+
+    def __init__(self, resource):
+        self.resource = resource
+        self.table = Table()
+        self.ledger = None
+
+    def condition_of(self, device):
+        return Condition()
+
+    def offered_but_for_failure(self, device):
+        return False
+
+
+class Slices:
+    """An API server that keeps what it is given, or with `drops` drops the
+    counters as one whose DRAPartitionableDevices gate is off."""
+
+    def __init__(self, drops=False):
+        self.drops = drops
+        self.slices: dict[str, dict] = {}
+        self.applied = trio.Event()
+
+    async def pool_slices(self, driver, node, pool):
+        return [s for s in self.slices.values() if s["spec"]["pool"]["name"] == pool]
+
+    async def apply_slice(self, body):
+        kept = {**body, "spec": dict(body["spec"])}
+        if self.drops:
+            kept["spec"].pop("sharedCounters", None)
+            kept["spec"]["devices"] = [
+                {k: v for k, v in d.items() if k != "consumesCounters"}
+                for d in kept["spec"].get("devices", ())
+            ]
+        self.slices[body["metadata"]["name"]] = kept
+        self.applied.set()
+        self.applied = trio.Event()
+        return kept
+
+    async def delete_slice(self, name):
+        self.slices.pop(name, None)
+
+    def devices(self) -> list[str]:
+        return sorted(d["name"] for s in self.slices.values() for d in s["spec"].get("devices", ()))
+
+
+def disk_plugin() -> Plugin:
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    inventory = Inventory(
+        [
+            Device("loop9", "/dev/loop9", "b", 7, 0, has_partitions=True),
+            Device("loop9p1", "/dev/loop9p1", "b", 7, 1, whole_disk=(7, 0)),
+        ]
+    )
+    plugin = Plugin(resource, inventory, refresh=None, spec=None)
+    plugin.tracker = Tracker(resource)  # type: ignore[assignment]
+    return plugin
+
+
+async def test_a_pool_publishes_its_counters_in_a_slice_of_their_own(autojump_clock):
+    api = Slices()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, disk_plugin(), pool)
+            devices, counters = sorted(
+                api.slices.values(), key=lambda s: "devices" not in s["spec"]
+            )
+            assert [d["name"] for d in devices["spec"]["devices"]] == ["loop9", "loop9p1"]
+            assert all(
+                uses_counters({"spec": {"devices": [d]}}) for d in devices["spec"]["devices"]
+            )
+            assert counters["spec"]["sharedCounters"] == [
+                {"name": "family-loop9", "counters": {"c0": {"value": "1"}}}
+            ]
+            assert "devices" not in counters["spec"]
+            assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.slices.values()} == {2}
+            assert not pool.counters_dropped
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_api_server_that_drops_counters_gets_the_partitions_alone(autojump_clock, caplog):
+    api = Slices(drops=True)
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, disk_plugin(), pool)
+            while api.devices() != ["loop9p1"]:
+                await api.applied.wait()
+            assert pool.counters_dropped
+            assert not any(uses_counters(s) for s in api.slices.values())
+            assert len(api.slices) == 1  # the counter slice is gone
+            nursery.cancel_scope.cancel()
+    assert "keeps no shared counters" in caplog.text
+    assert "loop9 is not published: it shares blocks with loop9p1" in caplog.text
