@@ -220,17 +220,19 @@ async def measure_daemon(
 
 async def _pool_published(api: Any, node: str, daemon: Daemon) -> list[dict]:
     """The daemon's pool, once every slice of its first generation is at the
-    API server: the first slice says how many there are, and they are
-    written in order."""
+    API server: the first slice says how many there are (they are written
+    a few at a time, in any order)."""
     first = slice_name(node, DRIVER, RESOURCE, 0)
     try:
         with trio.fail_after(WAIT_LIMIT):
             zero = await api.wait_for(SLICES, first)
             pool = zero["spec"]["pool"]
-            last = slice_name(node, DRIVER, RESOURCE, pool["resourceSliceCount"] - 1)
-            await api.wait_for(
-                SLICES, last, lambda s: s["spec"]["pool"]["generation"] == pool["generation"]
-            )
+            for index in range(1, pool["resourceSliceCount"]):
+                await api.wait_for(
+                    SLICES,
+                    slice_name(node, DRIVER, RESOURCE, index),
+                    lambda s: s["spec"]["pool"]["generation"] == pool["generation"],
+                )
     except trio.TooSlowError:
         raise RuntimeError(
             f"bench: the daemon's pool was not published within {WAIT_LIMIT:.0f}s; "

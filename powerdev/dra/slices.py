@@ -451,9 +451,9 @@ class SliceApi(Protocol):
 
     async def pool_slices(self, driver: str, node: str, pool: str) -> list[dict[str, Any]]: ...
 
-    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create or update the slice: what the API server keeps of it (or
-        None, where it is not known)."""
+    async def apply_slice(self, body: dict[str, Any]) -> bool | None:
+        """Create or update the slice; whether the API server kept counters
+        in it (None, where it is not known)."""
 
     async def delete_slice(self, name: str) -> None: ...
 
@@ -576,7 +576,7 @@ class Pool:
         name = body["metadata"]["name"]
         self._written.pop(name, None)
         kept = await self.api.apply_slice(body)
-        if kept is not None and uses_counters(body) and not uses_counters(kept):
+        if kept is False and uses_counters(body):
             self.counters_dropped = True
         if self._epoch == epoch:
             self._written[name] = body

@@ -213,7 +213,7 @@ class Slices:
         self.slices[body["metadata"]["name"]] = kept
         self.applied.set()
         self.applied = trio.Event()
-        return kept
+        return uses_counters(kept)
 
     async def delete_slice(self, name):
         self.slices.pop(name, None)
