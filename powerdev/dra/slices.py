@@ -30,6 +30,7 @@ the way out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -161,10 +162,23 @@ def build_devices(
 # unit ID -> (its names, its condition, what was published for them: a
 # device, or None)
 Built = dict[str, tuple[tuple[Device, ...], str, "dict[str, Any] | None"]]
-# unit ID -> (the condition its taint says, since when: RFC 3339), for the
-# tainted units of a pool: a taint keeps its timeAdded through every write
-# of its slice until the condition changes
+# device name -> (the condition its taint says, since when: RFC 3339), for
+# the tainted devices of a pool: a taint keeps its timeAdded through every
+# write of its slice until the condition changes, and across a restart
+# (read back from the slices the last run left: taints_in())
 Since = dict[str, tuple[str, str]]
+
+
+def taints_in(found: Iterable[dict[str, Any]]) -> Since:
+    """What the pool's slices on the server say of each device's condition
+    taint, and since when."""
+    since: Since = {}
+    for body in found:
+        for device in body.get("spec", {}).get("devices") or ():
+            for taint in device.get("taints") or ():
+                if taint.get("key") == CONDITION_TAINT and taint.get("timeAdded"):
+                    since[device["name"]] = (taint.get("value", ""), taint["timeAdded"])
+    return since
 
 
 def _now() -> str:
@@ -230,9 +244,10 @@ def _published(
         level = health.condition_of(names[0]).level if health is not None else FINE
         added = None
         if since is not None and still is not None and level in TAINT_EFFECTS:
-            was = since.get(unit_id)
-            still[unit_id] = was if was is not None and was[0] == level else (level, _now())
-            added = still[unit_id][1]
+            name = device_name(unit_id)
+            was = since.get(name)
+            still[name] = was if was is not None and was[0] == level else (level, _now())
+            added = still[name][1]
         if built is not None and fresh is not None:
             kept = tuple(names)
             before = built.get(unit_id)
@@ -487,6 +502,7 @@ class Pool:
     _written_at: int = 0  # the generation _written holds bodies of
     _epoch: int = 0  # lose()s so far: a write answered after one is not trusted
     counters_dropped: bool = False  # the API server kept no counter we wrote
+    _recalled: bool = False  # what an earlier run left is known
 
     def lose(self) -> None:
         """Someone else deleted a slice of ours (a starting kubelet wipes its
@@ -508,11 +524,8 @@ class Pool:
         generation on every slice. Slices no longer needed go. Returns the
         slices written."""
         epoch = self._epoch
-        if self.generation == 0:  # the first time: after any generation left before
-            found = await self.api.pool_slices(self.driver, self.node, self.name)
-            self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
-            self.names = tuple(s["metadata"]["name"] for s in found)
-            self._written.clear()
+        if not self._recalled:
+            await self.recall()
         written = dict(self._written) if self._written_at == self.generation else {}
         if len(devices) < PLAN_IN_A_THREAD:
             plan = self._plan(devices, counter_sets, written)
@@ -535,6 +548,16 @@ class Pool:
             await self.api.delete_slice(name)
             self._stale.discard(name)
         return len(changed)
+
+    async def recall(self) -> list[dict[str, Any]]:
+        """The pool's slices an earlier run left (once, before the first
+        publication): the generation goes on from theirs."""
+        found = await self.api.pool_slices(self.driver, self.node, self.name)
+        self.generation = max((s["spec"]["pool"]["generation"] for s in found), default=0)
+        self.names = tuple(s["metadata"]["name"] for s in found)
+        self._written.clear()
+        self._recalled = True
+        return found
 
     def _plan(
         self,
@@ -618,6 +641,8 @@ async def keep_published(
     table = getattr(plugin.tracker, "table", None)  # the node's device table
     members: dict[str, Key] = {}
     try:
+        with contextlib.suppress(Exception):  # else publish() lists again, and says why
+            since.update(taints_in(await pool.recall()))  # a taint's time, across a restart
         while True:
             snapshot = plugin.inventory.current
             seen = snapshot.version

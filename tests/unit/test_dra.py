@@ -953,3 +953,52 @@ async def test_a_taint_says_since_when_its_condition_holds_not_when_its_slice_wa
     assert since == {}
     health.levels["/dev/sdb"] = DEGRADED  # degraded once more: since now
     assert (await taints())["u1"][0]["timeAdded"] == "2026-12-02T12:00:00Z"
+
+
+async def test_a_taints_time_outlasts_a_restart_read_back_from_the_slices_left(autojump_clock):
+    """A restarted powerdev reads its pool's slices back: a device still in
+    the condition its taint says keeps the taint's timeAdded; one whose
+    condition changed meanwhile gets the time now."""
+    from powerdev.dra.slices import keep_published
+
+    earlier = build_slices(
+        DRIVER,
+        NODE,
+        RESOURCE,
+        [
+            {
+                "name": name,
+                "taints": [
+                    {
+                        "key": CONDITION_TAINT,
+                        "value": "degraded",
+                        "effect": "None",
+                        "timeAdded": "2026-01-01T00:00:00Z",
+                    }
+                ],
+            }
+            for name in ("u1", "u2")
+        ],
+        7,
+    )
+    api = FlakySlices(failures=0)
+    api.slices = {s["metadata"]["name"]: s for s in earlier}
+    inventory = Inventory(
+        [dev("/dev/sdb", 16, unit="u1"), dev("/dev/sdc", 32, unit="u2", healthy=False)]
+    )
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+    health = Conditions({"/dev/sdb": DEGRADED, "/dev/sdc": FAILED})
+    health.resource, health.ledger = resource, None
+    plugin = Plugin(resource, inventory, refresh=None, spec=None)
+    plugin.tracker = health
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, plugin, pool)
+            (only,) = api.slices.values()
+            assert only["spec"]["pool"]["generation"] == 8  # on from the generation left
+            taints = {d["name"]: d["taints"][0] for d in only["spec"]["devices"]}
+            assert taints["u1"]["timeAdded"] == "2026-01-01T00:00:00Z"  # degraded all along
+            assert taints["u2"]["value"] == "failed"
+            assert taints["u2"]["timeAdded"] != "2026-01-01T00:00:00Z"  # failed since now
+            nursery.cancel_scope.cancel()
