@@ -307,3 +307,43 @@ async def test_templates_distinct_devices_and_a_claim_for_more_than_there_is(
                 c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled"
             ]
             assert "cannot allocate all claims" in scheduled["message"]
+
+
+async def test_a_claim_for_all_of_33_devices_waits_and_the_pool_stays_whole(
+    api, control_plane, draharness, tmp_path
+):
+    """A claim gets at most 32 devices (the API's limit on its results): all
+    33 devices are published, a claim for all of them waits, its pod
+    Pending, and a claim for 32 of them is allocated."""
+    names = tuple(f"dra{i}" for i in range(33))
+    with trio.fail_after(LIMIT):
+        async with (
+            dra_node(api, control_plane, draharness, tmp_path, names) as node,
+            powerdev(node),
+        ):
+            devices = await api.wait_for(
+                f"{RESOURCE_API}/resourceslices", slice_name(node.name, node.driver, RESOURCE, 0)
+            )
+            assert len(devices["spec"]["devices"]) == 33
+            claims = f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims"
+            spec = node.claim_spec()
+            del spec["devices"]["requests"][0]["exactly"]["count"]
+            spec["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+            await api.create(claims, {**body, "metadata": {"name": "all"}, "spec": spec})
+            await node.pod_using("all", {"resourceClaimName": "all"})
+            pods = f"/api/v1/namespaces/{node.namespace}/pods"
+
+            def refused(p: dict) -> bool:  # a scheduler error, tried again, never bound
+                return any(
+                    c["type"] == "PodScheduled"
+                    and c["status"] == "False"
+                    and "number of requested devices 33 exceeds the claim limit of 32"
+                    in c.get("message", "")
+                    for c in p["status"].get("conditions", [])
+                )
+
+            waiting = await api.wait_for(pods, "all", refused)
+            assert "nodeName" not in waiting["spec"]
+            claim = await node.pod_with_claim("most", count=32)
+            assert len(claim["status"]["allocation"]["devices"]["results"]) == 32
