@@ -23,11 +23,13 @@ has. One counter set per family; the counters of a pool go in slices of
 their own, 8 sets a slice (the API's limits).
 
 Where counters cannot say it (a family that is not a tree, such as a
-logical volume over two disks; more than 32 counters in one family; an API
-server that drops counters, its DRAPartitionableDevices gate off), the
-family is published as devices that do not overlap, the smallest first:
-partitions before their disk, a block device before its character alias.
-The others are left out, each with its reason. Pure functions.
+logical volume over partitions of two disks, or an NVMe controller with
+two namespaces, the same storage as each but they not as each other; more
+than 32 counters in one family; an API server that drops counters, its
+DRAPartitionableDevices gate off), the family is published as devices
+that do not overlap, the smallest first: partitions before their disk, a
+block device before its character alias. The others are left out, each
+with its reason. Pure functions.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ MAX_COUNTERS = 32  # in one counter set, and consumed by one device from one set
 MAX_SETS_PER_SLICE = 8
 NO_COUNTERS = "this API server drops counters (its DRAPartitionableDevices gate is off)"
 TOO_MANY = f"its family needs more than the {MAX_COUNTERS} counters a counter set may have"
-NOT_NESTED = "its family does not nest (a device lies on two that do not overlap)"
+NOT_NESTED = "its family does not nest (a device reaches two that do not overlap)"
 _BELOW = ("disk", "below")  # table.relation(): the other lies under this one
 _ABOVE = ("partition", "above")  # the other lies on this one
 
@@ -149,6 +151,12 @@ def _tree(
         chain = sorted(below[c], key=lambda x: len(below[x]))
         # nested: what lies under c is one chain, each under the next
         if any(below[x] != set(chain[:i]) for i, x in enumerate(chain)):
+            return None
+        # and every device of c overlaps every other of c and of that chain:
+        # "the same storage" is not always transitive (an NVMe controller
+        # reaches each of its namespaces, which do not overlap each other)
+        reach = [k for x in (c, *chain) for k in classes[x]]
+        if any(k != other and other not in near[k] for k in classes[c] for other in reach):
             return None
         ordered.append(chain)
     above: list[list[int]] = [[] for _ in classes]  # class -> the classes right on it
