@@ -280,6 +280,7 @@ FIELDS_AFTER_CDI: tuple[tuple[str, str, Reader], ...] = (
     ("discovery-strategy", "strategy", _strategy),
     ("scan-interval", "scan_interval", _scan_interval),
     ("upper-limit", "upper_limit", _upper_limit),
+    ("whole-disks", "whole_disks", _flag),
 )
 
 
@@ -344,6 +345,14 @@ def _unknown_fields(entry: Entry) -> tuple[str, ...]:
 
 def _check_mode(entry: Entry, res: dict[str, object]) -> None:
     api = res.get("api")
+    if res.get("whole_disks") and api != "dra":
+        raise entry.error(
+            "whole-disks",
+            'publishes a disk beside its partitions, which only "api": "dra" can do (its '
+            "pool tells the scheduler they overlap); through the device plugin API a "
+            "partitioned disk's partitions are its units",
+            'set "api": "dra", or remove it',
+        )
     if api in ("dra", "both"):
         # A DRA device is one device (every name of it): "each" units.
         if "upper-limit" in entry.data:

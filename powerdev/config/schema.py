@@ -46,6 +46,7 @@ KNOWN_FIELDS = (
     "allocation",
     "match-properties",
     "api",
+    "whole-disks",
 )
 ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has these
 ALLOCATIONS = ("all", "each")
@@ -88,6 +89,10 @@ class ResourceConfig:
     match_properties: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # or "dra": ResourceSlices and claims (powerdev/dra); or "both", for a migration
     api: str = "device-plugin"
+    # "dra": a disk with partitions is published too, beside its partitions,
+    # and so is every device that shares blocks with another; the pool's
+    # shared counters keep two of them from two claims (dra/families.py)
+    whole_disks: bool = False
 
     @property
     def dra(self) -> bool:
@@ -102,10 +107,10 @@ class ResourceConfig:
     @property
     def partitions_only(self) -> bool:
         """A disk with partitions is left out, its partitions are the units:
-        "each" mode through the device plugin API. Through DRA alone the
-        disk is published too, and its pool's counters keep the scheduler
-        from allocating it with a partition (dra/families.py)."""
-        return self.allocation == "each" and self.api != "dra"
+        "each" mode, and DRA unless "whole-disks" says to publish the disk
+        too (its pool's counters then keep the scheduler from allocating it
+        with a partition: dra/families.py)."""
+        return self.allocation == "each" and not (self.api == "dra" and self.whole_disks)
 
     @property
     def both(self) -> bool:

@@ -8,6 +8,10 @@ that the scheduler itself never allocates two overlapping devices to two
 claims, rather than powerdev refusing the second at prepare time and its
 pod waiting.
 
+Counters are written only for a resource with "whole-disks": true; any
+other pool publishes its families apart (below), so that a claim for all
+of a pool's devices can still be allocated.
+
 The rule. The overlapping devices of a pool fall into families (connected
 groups). In a family, devices that are the same storage (aliases, one
 identity) form a class, and the classes nest: each lies on the classes
@@ -44,6 +48,10 @@ from powerdev.dra.names import device_name
 MAX_COUNTERS = 32  # in one counter set, and consumed by one device from one set
 MAX_SETS_PER_SLICE = 8
 NO_COUNTERS = "this API server drops counters (its DRAPartitionableDevices gate is off)"
+APART = (
+    'the resource publishes such devices apart (with "whole-disks": true it publishes '
+    "them all, and counters keep the scheduler from giving two of them to two claims)"
+)
 TOO_MANY = f"its family needs more than the {MAX_COUNTERS} counters a counter set may have"
 NOT_NESTED = "its family does not nest (a device reaches two that do not overlap)"
 _BELOW = ("disk", "below")  # table.relation(): the other lies under this one
@@ -65,9 +73,11 @@ def plan(
     relation: Callable[[Key, Key], str],
     *,
     counters: bool = True,
+    apart: str = NO_COUNTERS,
 ) -> Families:
-    """The counters (or, without them, the devices left out) for the pool's
-    devices `members` (device name -> key) that overlap others of them."""
+    """The counters (or, without them, the devices left out, `apart` saying
+    why) for the pool's devices `members` (device name -> key) that overlap
+    others of them."""
     name_of = {key: name for name, key in members.items()}
     near: dict[Key, set[Key]] = {key: set() for key in name_of}
     for key in name_of:
@@ -82,7 +92,7 @@ def plan(
             continue
         group = _group(key, near)
         seen |= group
-        why = NO_COUNTERS
+        why = apart
         if counters:
             tree = _tree(group, near, relation)
             if tree is not None and len(tree.counted) <= MAX_COUNTERS:

@@ -155,6 +155,19 @@ def _say_left_out(said: Said, resource_name: str, path: str, attribute: str) -> 
     )
 
 
+def _say_dropped(pool: Pool, resource_name: str, told: bool) -> bool:
+    """Said once: the API server drops counters. True once said."""
+    if pool.counters_dropped and not told:
+        log.error(
+            "%s: the API server keeps no shared counters (its DRAPartitionableDevices gate "
+            "is off; on by default since Kubernetes 1.36): devices that share blocks are "
+            "published apart, the smallest first, until powerdev restarts",
+            resource_name,
+        )
+        return True
+    return told
+
+
 def _say_apart(said: Said, resource_name: str, found: families.Families) -> None:
     """Each device a family leaves out, said once for each reason."""
     for device, why in sorted(found.left_out.items()):
@@ -566,7 +579,14 @@ class Pool:
         # known as ours before they are written: a deletion of one is a loss,
         # and one a failed attempt wrote goes once no longer needed
         self.names = tuple(sorted({*self.names, *kept}))
-        await _each_at_most(APPLY_AT_ONCE, partial(self._apply, epoch), changed)
+        # Counters first: an API server that drops them (its gate off) is
+        # known before any device that would consume them is written.
+        counting = [b for b in changed if "sharedCounters" in b["spec"]]
+        await _each_at_most(APPLY_AT_ONCE, partial(self._apply, epoch), counting)
+        if counting and self.counters_dropped:
+            return len(counting)  # published again without counters (keep_published)
+        rest = [b for b in changed if "sharedCounters" not in b["spec"]]
+        await _each_at_most(APPLY_AT_ONCE, partial(self._apply, epoch), rest)
         # Forgotten before they go, so that the watch of the node's slices
         # (daemon/dra.py) does not take our own deletions for a loss.
         self._stale.update(n for n in self.names if n not in kept)
@@ -667,6 +687,7 @@ async def keep_published(
     since: Since = {}
     table = getattr(plugin.tracker, "table", None)  # the node's device table
     members: dict[str, Key] = {}
+    told = False  # that the API server drops counters
     try:
         with contextlib.suppress(Exception):  # else publish() lists again, and says why
             since.update(taints_in(await pool.recall()))  # a taint's time, across a restart
@@ -687,14 +708,18 @@ async def keep_published(
             )
             found = families.Families()
             if members and table is not None:
-                counters = not pool.counters_dropped
-                found = families.plan(members, table.overlapping, table.relation, counters=counters)
+                counted = plugin.resource.whole_disks and not pool.counters_dropped
+                apart = families.NO_COUNTERS if pool.counters_dropped else families.APART
+                found = families.plan(
+                    members, table.overlapping, table.relation, counters=counted, apart=apart
+                )
                 _say_apart(said, name, found)
             devices = with_families(devices, found)
             if (devices, found.counter_sets) != published:
                 try:
                     written = await pool.publish(devices, found.counter_sets)
                 except Exception as err:  # the API server: unreachable, refusing
+                    told = _say_dropped(pool, name, told)
                     published = None  # tried again whatever the inventory does meanwhile
                     metrics.dra_publish_failed(name)
                     problem(f"its ResourceSlices cannot be published ({err}): trying again")
@@ -707,13 +732,8 @@ async def keep_published(
                     continue
                 backoff.reset()
                 published = devices, found.counter_sets
+                told = _say_dropped(pool, name, told)
                 if found.counter_sets and pool.counters_dropped:
-                    log.error(
-                        "%s: the API server keeps no shared counters (its "
-                        "DRAPartitionableDevices gate is off; on by default since Kubernetes "
-                        "1.36): devices that share blocks are published apart, the smallest first",
-                        name,
-                    )
                     continue  # published again at once, without counters
                 problem(None)
                 metrics.dra_published(name, written, len(pool.names))

@@ -189,6 +189,8 @@ def describe_resource(resource: Any) -> str:
             continue  # not set: nothing to say (device-uid, device-gid, ...)
         if item.name == "api" and value == "device-plugin":
             continue  # the default, and what every resource did before DRA
+        if item.name == "whole_disks" and not value:
+            continue  # the default, and DRA's only
         shown.append(f"{setting_name(item.name)} {setting_value(item.name, value)}")
     return ", ".join(shown)
 

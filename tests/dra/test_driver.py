@@ -129,6 +129,7 @@ async def dra_node(
     resource: str = RESOURCE,
     driver: str | None = None,
     device_class: dict | None = None,
+    fields: dict | None = None,
 ) -> AsyncIterator[Node]:
     """A Ready Node of our own (tainted for our pods only), its namespace,
     the harness as its kubelet, a DeviceClass for the resource, a device
@@ -137,7 +138,8 @@ async def dra_node(
     With `host_devices` (patterns), the host's own /dev and those instead.
     `resource` and `driver` name the config's resource and the driver
     (default: one of the node's own); `device_class`, a DeviceClass to make
-    instead of the node's own (named after the node)."""
+    instead of the node's own (named after the node); `fields`, more of
+    the resource's config."""
     name = f"dra-{secrets.token_hex(3)}"
     driver = driver or f"{name}.powerdev.test"
     await api.create_node(name, taints=[{"key": TAINT, "value": name, "effect": "NoSchedule"}])
@@ -165,6 +167,7 @@ async def dra_node(
     }
     if both:
         entry.update({"api": "both", "cdi": True})
+    entry.update(fields or {})
     config.write_text(json.dumps({"resources": [entry]}))
     registry, plugins, state = dirs(tmp_path)
     cdi = tmp_path / "cdi"

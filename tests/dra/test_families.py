@@ -1,7 +1,9 @@
 """A disk and its partitions through DRA, end to end (root): a real loop disk
-with a GPT table, a "dra" resource that lists the disk and its partitions,
-the kit's API server taking the pool's shared counters and the real
-scheduler honouring them. A claim gets a partition; a claim for the whole
+with a GPT table, a "dra" resource that lists the disk and its partitions.
+By default its partitions are the devices, and the disk is left out, as in
+"each" mode. With "whole-disks", the disk is published too: the kit's API
+server takes the pool's shared counters and the real scheduler honours
+them. A claim gets a partition; a claim for the whole
 disk then waits, Unschedulable, while the other partition still goes to a
 third claim; once the partition's claim is gone, the disk's claim is
 allocated. The scheduler never gives overlapping blocks to two claims."""
@@ -61,6 +63,7 @@ async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_cla
                 tmp_path,
                 options=options,
                 host_devices=(f"{disk}*",),
+                fields={"whole-disks": True},
             ) as node,
             powerdev(node),
         ):
@@ -95,3 +98,41 @@ async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_cla
                 await api.delete(f"{pods}/{name}?gracePeriodSeconds=0")
                 await api.delete(f"{claims}/{name}")
             await node.bound("whole")
+
+
+async def test_by_default_a_partitioned_disks_partitions_are_its_dra_devices(
+    api, control_plane, draharness, tmp_path
+):
+    """Without "whole-disks": the partitions alone, no counters, and a claim
+    for all the resource's devices gets both partitions."""
+    require_command("partx", "util-linux")
+    with trio.fail_after(LIMIT), loop_devices() as loops:
+        disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
+        async with (
+            dra_node(
+                api,
+                control_plane,
+                draharness,
+                tmp_path,
+                options=("--sys-root", "/sys"),
+                host_devices=(f"{disk}*",),
+            ) as node,
+            powerdev(node),
+        ):
+            where = (node.name, node.driver, RESOURCE, 0)
+            devices = await api.wait_for(f"{RESOURCE_API}/resourceslices", slice_name(*where))
+            published = devices["spec"]["devices"]
+            paths = sorted(d["attributes"]["path"]["string"] for d in published)
+            assert paths == [f"{disk}p1", f"{disk}p2"]
+            assert not any("consumesCounters" in d for d in published)
+            assert devices["spec"]["pool"]["resourceSliceCount"] == 1  # no counter slice
+            spec = node.claim_spec()
+            del spec["devices"]["requests"][0]["exactly"]["count"]
+            spec["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+            claims = f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims"
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+            await api.create(claims, {**body, "metadata": {"name": "all"}, "spec": spec})
+            await node.pod_using("all", {"resourceClaimName": "all"})
+            await node.bound("all")
+            claim = await api.get(f"{claims}/all")
+            assert len(claim["status"]["allocation"]["devices"]["results"]) == 2

@@ -86,6 +86,7 @@ async def test_partitions_and_their_disk_go_to_claims_that_never_overlap(
             "include-devices": [f"{disk}*"],
             "device-gid": GROUP,
             "device-mode": "0660",
+            "whole-disks": True,
         }
         async with powerdev(real_node, tmp_path, [entry]):
             texts = {name: mark() for name in ("part", "choice", "whole")}

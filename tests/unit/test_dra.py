@@ -325,6 +325,8 @@ async def test_a_pool_continues_the_generation_it_finds_and_drops_slices_it_no_l
         ({"api": "both", "allocation": "all"}, "'allocation'"),
         ({"api": "both", "device-uid": 5}, "'device-uid'.*set \"cdi\": true"),
         ({"device-uid": 5}, "'device-uid'"),  # still CDI-only for the device plugin API
+        ({"whole-disks": True}, '\'whole-disks\'.*set "api": "dra"'),
+        ({"api": "both", "whole-disks": True}, "'whole-disks'"),
     ],
 )
 def test_the_api_field_refuses_what_dra_cannot_do(fields, problem):

@@ -238,12 +238,14 @@ class Slices:
     def __init__(self, drops=False):
         self.drops = drops
         self.slices: dict[str, dict] = {}
+        self.consuming = 0  # writes of devices that consume counters
         self.applied = trio.Event()
 
     async def pool_slices(self, driver, node, pool):
         return [s for s in self.slices.values() if s["spec"]["pool"]["name"] == pool]
 
     async def apply_slice(self, body):
+        self.consuming += any("consumesCounters" in d for d in body["spec"].get("devices", ()))
         kept = {**body, "spec": dict(body["spec"])}
         if self.drops:
             kept["spec"].pop("sharedCounters", None)
@@ -263,8 +265,8 @@ class Slices:
         return sorted(d["name"] for s in self.slices.values() for d in s["spec"].get("devices", ()))
 
 
-def disk_plugin() -> Plugin:
-    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
+def disk_plugin(whole_disks: bool = True) -> Plugin:
+    resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each", whole_disks=whole_disks)
     inventory = Inventory(
         [
             Device("loop9", "/dev/loop9", "b", 7, 0, has_partitions=True),
@@ -308,7 +310,24 @@ async def test_an_api_server_that_drops_counters_gets_the_partitions_alone(autoj
                 await api.applied.wait()
             assert pool.counters_dropped
             assert not any(uses_counters(s) for s in api.slices.values())
+            assert api.consuming == 0  # the counters were tried first: no device went without
             assert len(api.slices) == 1  # the counter slice is gone
             nursery.cancel_scope.cancel()
-    assert "keeps no shared counters" in caplog.text
+    assert caplog.text.count("keeps no shared counters") == 1
     assert "loop9 is not published: it shares blocks with loop9p1" in caplog.text
+
+
+async def test_without_whole_disks_devices_that_share_blocks_are_published_apart(
+    autojump_clock, caplog
+):
+    api = Slices()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, disk_plugin(whole_disks=False), pool)
+            assert api.devices() == ["loop9p1"]
+            assert len(api.slices) == 1 and not any(uses_counters(s) for s in api.slices.values())
+            nursery.cancel_scope.cancel()
+    assert f"loop9 is not published: it shares blocks with loop9p1, and {families.APART}" in (
+        caplog.text
+    )
