@@ -91,7 +91,7 @@ class ResourceConfig:
     api: str = "device-plugin"
     # "dra": a disk with partitions is published too, beside its partitions,
     # and so is every device that shares blocks with another; the pool's
-    # shared counters keep two of them from two claims (dra/families.py)
+    # shared counters keep two of them from two claims (resources/families.py)
     whole_disks: bool = False
 
     @property
@@ -109,7 +109,7 @@ class ResourceConfig:
         """A disk with partitions is left out, its partitions are the units:
         "each" mode, and DRA unless "whole-disks" says to publish the disk
         too (its pool's counters then keep the scheduler from allocating it
-        with a partition: dra/families.py)."""
+        with a partition: resources/families.py)."""
         return self.allocation == "each" and not (self.api == "dra" and self.whole_disks)
 
     @property

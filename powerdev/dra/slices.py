@@ -44,9 +44,9 @@ import trio.lowlevel
 from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.family import Key
 from powerdev.devices.model import Device
-from powerdev.dra import families
 from powerdev.dra.names import counter_slice_name, device_name, pool_name, slice_name
 from powerdev.ops import metrics
+from powerdev.resources import families
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.plugin import Plugin
 from powerdev.support.backoff import Backoff
@@ -155,6 +155,19 @@ def _say_left_out(said: Said, resource_name: str, path: str, attribute: str) -> 
     )
 
 
+def _counter_set_name(first_unit: str) -> str:
+    return device_name(f"family-{first_unit}")
+
+
+def _by_name(found: families.Families) -> families.Families:
+    """The plan's units by their names in the pool."""
+    return families.Families(
+        found.counter_sets,
+        {device_name(unit): c for unit, c in found.consumes.items()},
+        {device_name(unit): why for unit, why in found.left_out.items()},
+    )
+
+
 def _say_dropped(pool: Pool, resource_name: str, told: bool) -> bool:
     """Said once: the API server drops counters. True once said."""
     if pool.counters_dropped and not told:
@@ -244,7 +257,7 @@ async def build_devices_in_steps(
     rest. With `since` (updated here too), each taint says since when its
     unit is in its condition (timeAdded), not when its slice was written.
     With `family` (the device table's overlapping()) and `members` (filled
-    here), the published devices that overlap some device: name -> key."""
+    here), the published units that overlap some device: unit ID -> key."""
     units = list(by_unit(devices).items())
     published: list[dict[str, Any]] = []
     fresh: Built = {}
@@ -257,8 +270,8 @@ async def build_devices_in_steps(
             names = {device["name"] for device in published[done:]}
             for unit_id, unit in part:
                 key = unit[0].key
-                if family(key) and (name := device_name(unit_id)) in names:
-                    members[name] = key
+                if family(key) and device_name(unit_id) in names:
+                    members[unit_id] = key
         await trio.lowlevel.checkpoint()
     if built is not None:
         built.clear()
@@ -710,8 +723,16 @@ async def keep_published(
             if members and table is not None:
                 counted = plugin.resource.whole_disks and not pool.counters_dropped
                 apart = families.NO_COUNTERS if pool.counters_dropped else families.APART
-                found = families.plan(
-                    members, table.overlapping, table.relation, counters=counted, apart=apart
+                found = _by_name(
+                    families.plan(
+                        members,
+                        table.overlapping,
+                        table.relation,
+                        counters=counted,
+                        apart=apart,
+                        shown=device_name,
+                        label=_counter_set_name,
+                    )
                 )
                 _say_apart(said, name, found)
             devices = with_families(devices, found)

@@ -25,6 +25,7 @@ from powerdev.devices.family import Key
 from powerdev.devices.model import Device
 from powerdev.devices.table import DeviceTable, HostFiles
 from powerdev.devices.udevdb import UdevDatabase
+from powerdev.resources import families
 from powerdev.resources.matching import (
     candidates,
     describe,
@@ -91,10 +92,38 @@ def scan(
             listed.setdefault(device.key, path)
         for key, path in listed.items():
             ledger.add_listing(resource.name, key, path)
+        if resource.dra:
+            _apart(report, table, resource.whole_disks)
         if resource.allocation != "each" and resource.upper_limit <= 0:
             _share_ids(report, table)
         reports.append(report)
     return reports
+
+
+def _apart(report: Report, table: DeviceTable, counted: bool) -> None:
+    """A DRA pool's devices that share blocks with others of it: with
+    "whole-disks" counted (published), else the ones the pool leaves out
+    (resources/families.py), moved to left_out with the reason."""
+    members = {d.id: d.key for d in report.advertised if table.overlapping(d.key)}
+    if not members:
+        return
+    paths = {d.id: d.path for d in reversed(report.advertised)}
+    found = families.plan(
+        members,
+        table.overlapping,
+        table.relation,
+        counters=counted,
+        apart=families.APART,
+        shown=paths.__getitem__,
+    )
+    kept = []
+    for device in report.advertised:
+        why = found.left_out.get(device.id)
+        if why is None:
+            kept.append(device)
+        else:
+            report.left_out.append((device.path, f"DRA: {why}"))
+    report.advertised = kept
 
 
 def _share_ids(report: Report, table: DeviceTable) -> None:

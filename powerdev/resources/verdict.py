@@ -13,7 +13,7 @@ slices and NodePrepareResources (dra/), and `powerdev scan` (ops/scan.py).
    listed): its partitions are the units, so no two pods share blocks.
    Through DRA alone the disk is offered too: its pool's shared counters
    keep the scheduler from allocating it and a partition to two claims
-   (dra/families.py), and rule 8 keeps a second holder off at prepare.
+   (resources/families.py), and rule 8 keeps a second holder off at prepare.
 4. A block device with no medium (sysfs `size` 0: a loop device with no
    file attached or detached, a drive with no disc) is left out, or
    Unhealthy where listed: there is nothing to read or write, and a pod

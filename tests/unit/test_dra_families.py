@@ -1,4 +1,4 @@
-"""Devices of one pool that share blocks, as shared counters (dra/families.py):
+"""Devices of one pool that share blocks, as shared counters (resources/families.py):
 for any nesting of disks, partitions, aliases and stacked devices, a set
 of devices fits the counters exactly when no two of them overlap; where
 counters cannot say it, the devices published do not overlap and every
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,9 +18,10 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.condition import Condition
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.dra import families
 from powerdev.dra.slices import Pool, keep_published, uses_counters
+from powerdev.resources import families
 from powerdev.resources.plugin import Plugin
+from tests.conftest import needs_root
 
 
 class Storage:
@@ -331,3 +333,32 @@ async def test_without_whole_disks_devices_that_share_blocks_are_published_apart
     assert f"loop9 is not published: it shares blocks with loop9p1, and {families.APART}" in (
         caplog.text
     )
+
+
+@needs_root
+@pytest.mark.parametrize("whole_disks", [False, True])
+def test_scan_says_which_devices_of_a_dra_pool_are_left_out_apart(tmp_path, whole_disks):
+    """A partition and its disk's SCSI generic alias in one "dra" resource
+    (a sysfs tree): apart, `powerdev scan` says the alias is left out, and
+    why; counted, both are advertised."""
+    from powerdev.ops import scan
+    from tests.conftest import config_for
+    from tests.unit.test_family import nodes
+    from tests.unit.test_inuse import alias_tree
+
+    sys_root = alias_tree(tmp_path / "sys")
+    dev = tmp_path / "dev"
+    nodes(dev, {"sdx1": (8, 241)})
+    nodes(dev, {"sg0": (21, 0)}, kind="c")
+    fields = '"api": "dra", "include-devices": ["/dev/sdx1", "/dev/sg0"]'
+    if whole_disks:
+        fields += ', "whole-disks": true'
+    (report,) = scan.scan(config_for("{" + fields + "}"), dev, sys_root, None, None)
+    advertised = [d.path for d in report.advertised]
+    if whole_disks:
+        assert advertised == ["/dev/sdx1", "/dev/sg0"] and not report.left_out
+    else:
+        assert advertised == ["/dev/sdx1"]
+        assert report.left_out == [
+            ("/dev/sg0", f"DRA: it shares blocks with /dev/sdx1, and {families.APART}")
+        ]

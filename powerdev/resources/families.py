@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerdev.devices.family import Key
-from powerdev.dra.names import device_name
 
 MAX_COUNTERS = 32  # in one counter set, and consumed by one device from one set
 MAX_SETS_PER_SLICE = 8
@@ -63,8 +62,8 @@ class Families:
     """What a pool publishes for its overlapping devices."""
 
     counter_sets: list[dict[str, Any]] = field(default_factory=list)  # sorted by name
-    consumes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # device name ->
-    left_out: dict[str, str] = field(default_factory=dict)  # device name -> why
+    consumes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # unit ID ->
+    left_out: dict[str, str] = field(default_factory=dict)  # unit ID -> why
 
 
 def plan(
@@ -74,10 +73,13 @@ def plan(
     *,
     counters: bool = True,
     apart: str = NO_COUNTERS,
+    shown: Callable[[str], str] = str,
+    label: Callable[[str], str] = "family-{}".format,
 ) -> Families:
     """The counters (or, without them, the devices left out, `apart` saying
-    why) for the pool's devices `members` (device name -> key) that overlap
-    others of them."""
+    why) for the pool's devices `members` (unit ID -> key) that overlap
+    others of them. A reason names the other device as shown(unit ID); a
+    family's counter set is named label(its first unit ID)."""
     name_of = {key: name for name, key in members.items()}
     near: dict[Key, set[Key]] = {key: set() for key in name_of}
     for key in name_of:
@@ -96,10 +98,10 @@ def plan(
         if counters:
             tree = _tree(group, near, relation)
             if tree is not None and len(tree.counted) <= MAX_COUNTERS:
-                _count(tree, name_of, result)
+                _count(tree, name_of, label, result)
                 continue
             why = NOT_NESTED if tree is None else TOO_MANY
-        _apart(group, near, relation, name_of, why, result)
+        _apart(group, near, relation, name_of, why, shown, result)
     result.counter_sets.sort(key=lambda s: s["name"])
     return result
 
@@ -205,9 +207,11 @@ def _closure(down: list[set[int]]) -> list[set[int]] | None:
     return None if any(x is None for x in out) else out  # type: ignore[return-value]
 
 
-def _count(tree: _Tree, name_of: dict[Key, str], result: Families) -> None:
+def _count(
+    tree: _Tree, name_of: dict[Key, str], label: Callable[[str], str], result: Families
+) -> None:
     first = min(name_of[k] for c in tree.classes for k in c)
-    set_name = device_name(f"family-{first}")
+    set_name = label(first)
     counter = {c: f"c{i}" for i, c in enumerate(tree.counted)}
     result.counter_sets.append(
         {
@@ -228,6 +232,7 @@ def _apart(
     relation: Callable[[Key, Key], str],
     name_of: dict[Key, str],
     why: str,
+    shown: Callable[[str], str],
     result: Families,
 ) -> None:
     """The family as devices that do not overlap, the smallest first."""
@@ -242,4 +247,5 @@ def _apart(
         if clash is None:
             kept.append(key)
         else:
-            result.left_out[name_of[key]] = f"it shares blocks with {name_of[clash]}, and {why}"
+            other = shown(name_of[clash])
+            result.left_out[name_of[key]] = f"it shares blocks with {other}, and {why}"
