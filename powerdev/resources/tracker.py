@@ -201,8 +201,9 @@ class Tracker:
             return False
         changed = self._redo(redo)
         if not changed and self.resource.dra and any(k in self._by_key for k in changes.keys):
-            # the same list, but a device's own health may have changed: a
-            # taint in its DRA pool (dra/slices.py)
+            # the same list, but a device's own health (a taint) or its family
+            # (the pool's counters, or what it publishes apart) may have
+            # changed: its DRA pool is built again (dra/slices.py)
             self.inventory.publish(self.inventory.current.devices, force=True)
         return changed
 
