@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from powerdev.cli import luns as luns_cli
 from powerdev.cli import webhook as webhook_cli
 from powerdev.cli.options import env, one_of
 from powerdev.cli.parser import build_parser
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command in webhook_cli.COMMANDS:
         return webhook_cli.main(args)
+    if args.command == luns_cli.COMMAND:
+        return luns_cli.main(args)
     from powerdev.cli import commands  # after logging is set up
 
     return {

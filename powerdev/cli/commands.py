@@ -121,6 +121,8 @@ def _dra_settings(args: argparse.Namespace, config: Config) -> object:
         plugins_dir=args.dra_plugins_dir,
         registry_dir=args.dra_registry_dir,
         boot_id=args.boot_id_file,
+        lun_namespace=args.lun_namespace,
+        lun_report_interval=args.lun_report_interval,
     )
 
 

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from powerdev import __version__
+from powerdev.cli import luns as luns_cli
 from powerdev.cli import webhook as webhook_cli
 from powerdev.cli.options import (
     LOG_LEVELS,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_run, _bench, _scan, _health, _local):
         add(sub)
     webhook_cli.add_parsers(sub, LOG_LEVELS)
+    luns_cli.add_parser(sub, LOG_LEVELS)
     return parser
 
 
@@ -154,6 +156,22 @@ def _dra(run: argparse.ArgumentParser) -> None:
         default=Path(env("BOOT_ID_FILE", DEFAULT_BOOT_ID_FILE)),
         help="this boot's ID, to tell a DRA claim prepared before a reboot [env "
         f"POWERDEV_BOOT_ID_FILE; default {DEFAULT_BOOT_ID_FILE}]",
+    )
+
+    run.add_argument(
+        "--lun-namespace",
+        default=env("LUN_NAMESPACE", "power-device-plugin"),
+        help='where the node reports the LUNs of resources with "scope": "cluster" (a '
+        "ConfigMap each), which `powerdev luns` reads [env POWERDEV_LUN_NAMESPACE; default "
+        "power-device-plugin]",
+    )
+    run.add_argument(
+        "--lun-report-interval",
+        type=positive_seconds(300.0),
+        default=env("LUN_REPORT_INTERVAL", "10"),
+        help="at least how often the node writes its LUN report again (its heartbeat: "
+        "`powerdev luns --report-ttl` drops a node whose report stops) "
+        "[env POWERDEV_LUN_REPORT_INTERVAL; default 10]",
     )
 
 

@@ -10,6 +10,7 @@ schema.py, values.py (the one-value checks) and devices/gomatch.py.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from powerdev.config.schema import (
     KNOWN_FIELDS,
     MAX_UPPER_LIMIT,
     MIN_SCAN_INTERVAL,
+    SCOPES,
     STRATEGIES,
     ConfigError,
 )
@@ -88,6 +90,18 @@ def _api(entry: Entry, key: str) -> str:
             "(while workloads move from one to the other)",
         )
     return api
+
+
+def _scope(entry: Entry, key: str) -> str:
+    scope = entry.want(key, str, '"node" or "cluster"')
+    if scope not in SCOPES:
+        raise entry.error(
+            key,
+            f"{scope!r} is not a scope",
+            'use "node" (the node\'s own pool, the default) or "cluster" (LUNs that several '
+            "nodes see: each published once for the cluster by `powerdev luns`)",
+        )
+    return scope
 
 
 def _match_properties(entry: Entry, key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -281,6 +295,7 @@ FIELDS_AFTER_CDI: tuple[tuple[str, str, Reader], ...] = (
     ("scan-interval", "scan_interval", _scan_interval),
     ("upper-limit", "upper_limit", _upper_limit),
     ("whole-disks", "whole_disks", _flag),
+    ("scope", "scope", _scope),
 )
 
 
@@ -352,6 +367,14 @@ def _check_mode(entry: Entry, res: dict[str, object]) -> None:
             "pool tells the scheduler they overlap); through the device plugin API a "
             "partitioned disk's partitions are its units",
             'set "api": "dra", or remove it',
+        )
+    if res.get("scope", "node") == "cluster" and api != "dra":
+        raise entry.error(
+            "scope",
+            f'"cluster" publishes each LUN once for the cluster through DRA, and the resource '
+            f'says "api": {json.dumps(api or "device-plugin")}',
+            'set "api": "dra", or remove scope (a device plugin cannot keep a LUN to one holder '
+            "across nodes)",
         )
     if api in ("dra", "both"):
         # A DRA device is one device (every name of it): "each" units.

@@ -47,6 +47,7 @@ KNOWN_FIELDS = (
     "match-properties",
     "api",
     "whole-disks",
+    "scope",
 )
 ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has these
 ALLOCATIONS = ("all", "each")
@@ -55,6 +56,10 @@ ALLOCATIONS = ("all", "each")
 # NodePrepareResources), or both during a migration (one device, one holder
 # across the two: see docs/dra.md).
 APIS = ("device-plugin", "dra", "both")
+# Where a DRA resource's devices are published: in the node's own pool, or,
+# for LUNs that several nodes see, once for the whole cluster (the node
+# reports them, `powerdev luns` publishes them: docs/dra.md).
+SCOPES = ("node", "cluster")
 MAX_RESOURCES = 32  # each is a socket, a registration and a stream
 
 
@@ -93,11 +98,19 @@ class ResourceConfig:
     # and so is every device that shares blocks with another; the pool's
     # shared counters keep two of them from two claims (resources/families.py)
     whole_disks: bool = False
+    # "node": the node's own pool; "cluster": each LUN once for the cluster
+    scope: str = "node"
 
     @property
     def dra(self) -> bool:
         """Served through DRA: its pool published, its claims prepared."""
         return self.api in ("dra", "both")
+
+    @property
+    def cluster(self) -> bool:
+        """A LUN seen by several nodes: reported by each node, published once
+        for the cluster (dra/lun_report.py, dra/lun_controller.py)."""
+        return self.scope == "cluster"
 
     @property
     def device_plugin(self) -> bool:

@@ -304,6 +304,9 @@ class DraDriver:
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
                 await trio.sleep(backoff.next())
+        if plugin.resource.cluster:  # its LUNs reported, published by `powerdev luns`
+            await self._report_luns(plugin, api, settings, task_status)
+            return
         pool = Pool(api, settings.driver, settings.node_name, plugin.resource.name)
         self._pools[plugin.resource.name] = pool
         self._report(plugin.resource.name)
@@ -320,3 +323,27 @@ class DraDriver:
                 del self._pools[plugin.resource.name]
             if plugin.resource.both:
                 self._status.forget(status_name(plugin.resource.name, True))
+
+    async def _report_luns(
+        self,
+        plugin: Plugin,
+        api: KubeApi,
+        settings: DraSettings,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        """A resource with "scope": "cluster": its LUNs reported until cancelled."""
+        from powerdev.dra.lun_api import LunApi
+        from powerdev.dra.lun_report import keep_reported
+
+        self._report(plugin.resource.name)
+        status = status_name(plugin.resource.name, plugin.resource.both)
+        await keep_reported(
+            plugin,
+            LunApi(api.client),
+            namespace=settings.lun_namespace,
+            node=settings.node_name,
+            driver=settings.driver,
+            interval=settings.lun_report_interval,
+            problem=partial(self._status.problem, status),
+            task_status=task_status,
+        )

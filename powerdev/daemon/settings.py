@@ -34,6 +34,10 @@ class DraSettings:
     # This boot's ID (not namespaced: a pod reads the host's), so that a claim
     # prepared before a reboot is known to be from before it.
     boot_id: Path = Path("/proc/sys/kernel/random/boot_id")
+    # Resources with "scope": "cluster": where the node reports its LUNs (a
+    # ConfigMap in powerdev's namespace), and at least how often.
+    lun_namespace: str = "power-device-plugin"
+    lun_report_interval: float = 10.0
 
 
 @dataclass(frozen=True)

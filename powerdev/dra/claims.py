@@ -59,7 +59,8 @@ from powerdev.dra.checkpoint import (
     salvage_keys,
     spec_keys,
 )
-from powerdev.dra.names import device_name, pool_name
+from powerdev.dra.luns import pool_of
+from powerdev.dra.names import device_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
 from powerdev.resources.ownership import DRA, Ledger
@@ -505,7 +506,7 @@ class Claims:
             for r in allocation.get("devices", {}).get("results") or []
             if r["driver"] == self.driver
         ]
-        pools = {pool_name(self.node, p.resource.name): p for p in self.plugins()}
+        pools = {pool_of(self.node, p.resource): p for p in self.plugins()}
         devices: list[HeldDevice] = []
         spec_devices: list[dict[str, Any]] = []
         for result in results:

@@ -30,7 +30,7 @@ import trio
 
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.dra.names import pool_name
+from powerdev.dra.luns import pool_of
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class HealthWatch:
 
     def report(self) -> Report:
         claims = self._claims
-        pools = {pool_name(self._node, p.resource.name): p for p in self._plugins()}
+        pools = {pool_of(self._node, p.resource): p for p in self._plugins()}
         devices = assess_all(self._prepared(), pools)
         held = {d.pool for d in devices}
         inventories = tuple(

@@ -46,6 +46,11 @@ class KubeApi:
     def __init__(self, api: AsyncClient) -> None:
         self._api = api
 
+    @property
+    def client(self) -> AsyncClient:
+        """The one client, for lun_api.py (LUNs seen by several nodes)."""
+        return self._api
+
     async def pool_slices(self, driver: str, node: str, pool: str) -> list[dict[str, Any]]:
         found = []
         fields = {"spec.driver": driver, "spec.nodeName": node}

@@ -191,6 +191,8 @@ def describe_resource(resource: Any) -> str:
             continue  # the default, and what every resource did before DRA
         if item.name == "whole_disks" and not value:
             continue  # the default, and DRA's only
+        if item.name == "scope" and value == "node":
+            continue  # the default: the node's own pool
         shown.append(f"{setting_name(item.name)} {setting_value(item.name, value)}")
     return ", ".join(shown)
 

@@ -1,0 +1,110 @@
+"""The API server, as LUNs seen by several nodes need it: the nodes'
+report ConfigMaps (apply, delete, list, watch), the cluster pool's
+ResourceSlices (list, apply, delete) and the controller's Lease (get,
+create, replace with its resourceVersion). lightkube's async client, as
+kubeapi.py's; imported only by lun_report.py and lun_controller.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from powerdev.dra.luns import REPORT_LABEL
+
+
+class Conflict(Exception):
+    """Someone else changed the object first (HTTP 409)."""
+
+
+class LunApi:
+    def __init__(self, api: AsyncClient) -> None:
+        self._api = api
+
+    # the nodes' reports
+
+    async def apply_report(self, body: dict[str, Any]) -> None:
+        await self._api.apply(from_dict(body), force=True)
+
+    async def delete_report(self, namespace: str, name: str) -> None:
+        try:
+            await self._api.delete(ConfigMap, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    async def reports(self, namespace: str) -> list[dict[str, Any]]:
+        labels = {REPORT_LABEL: None}  # the label is there, whatever its value
+        return [
+            item.to_dict()
+            async for item in self._api.list(ConfigMap, namespace=namespace, labels=labels)
+        ]
+
+    async def watch_reports(
+        self, namespace: str, resource_version: str | None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Each change to a report after `resource_version`: (ADDED,
+        MODIFIED or DELETED, the ConfigMap)."""
+        labels = {REPORT_LABEL: None}
+        async for op, item in self._api.watch(
+            ConfigMap, namespace=namespace, labels=labels, resource_version=resource_version
+        ):
+            yield op, item.to_dict()
+
+    # the cluster pool
+
+    async def cluster_slices(self, driver: str, prefix: str) -> list[dict[str, Any]]:
+        """The driver's slices of no one node whose pool's name starts so."""
+        found = []
+        async for item in self._api.list(ResourceSlice, fields={"spec.driver": driver}):
+            body = item.to_dict()
+            spec = body["spec"]
+            if spec["pool"]["name"].startswith(prefix) and not spec.get("nodeName"):
+                found.append(body)
+        return found
+
+    async def apply_slice(self, body: dict[str, Any]) -> None:
+        await self._api.apply(from_dict(body), force=True)
+
+    async def delete_slice(self, name: str) -> None:
+        try:
+            await self._api.delete(ResourceSlice, name)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    # the leader's Lease
+
+    async def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = await self._api.get(Lease, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        return found.to_dict()
+
+    async def create_lease(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            made = await self._api.create(from_dict(body))
+        except ApiError as err:
+            if err.status.code == 409:
+                raise Conflict(str(err)) from err
+            raise
+        return made.to_dict()
+
+    async def replace_lease(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The Lease written if its resourceVersion is still the server's."""
+        try:
+            kept = await self._api.replace(from_dict(body))
+        except ApiError as err:
+            if err.status.code == 409:
+                raise Conflict(str(err)) from err
+            raise
+        return kept.to_dict()

@@ -1,0 +1,221 @@
+"""`powerdev luns`: the one writer of the cluster pools of LUNs that several
+nodes see. While it holds the Lease (lease.py) it lists the nodes' report
+ConfigMaps, watches them, and publishes for each resource one pool,
+"cluster/luns/<resource>" (luns.merge, luns.cluster_slices), written
+again when a report changes or a node's report has not changed for `ttl`
+seconds (its heartbeat stopped: the node leaves every selection). A pool
+whose devices are what the server already has is not written: a new
+leader that finds the pool right writes nothing. Every change is a new
+generation written to every slice of the pool, and slices no longer
+needed go."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from powerdev.dra.lun_api import LunApi
+from powerdev.dra.luns import (
+    REPORT_LABEL,
+    Report,
+    cluster_pool_name,
+    cluster_slices,
+    merge,
+    parse_report,
+)
+from powerdev.support.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+POOL_PREFIX = cluster_pool_name("")
+RETRY = (0.1, 10.0)
+
+
+@dataclass
+class _Pool:
+    generation: int = 0
+    slices: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # name -> devices
+
+
+@dataclass
+class Controller:
+    api: LunApi
+    namespace: str
+    driver: str
+    ttl: float  # seconds a report may go unchanged before its node drops out
+    _reports: dict[str, tuple[Report, float]] = field(default_factory=dict)  # by ConfigMap
+    _changed: trio.Event = field(default_factory=trio.Event)
+    _pools: dict[str, _Pool] = field(default_factory=dict)  # by resource name
+    _said: set[str] = field(default_factory=set)  # conflicts said
+    _unsure: bool = False  # a write failed: what the pools hold is read again first
+
+    async def run(self) -> None:
+        """Keep the cluster pools right until cancelled (while leading)."""
+        self._reports.clear()
+        self._pools.clear()
+        version = await self._load()
+        await self._recall()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch, version)
+            while True:
+                self._changed = trio.Event()
+                await self._publish_all()
+                with trio.move_on_at(self._next_expiry()):
+                    await self._changed.wait()
+
+    def _seen(self, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        try:
+            report = parse_report(body)
+        except ValueError as err:
+            log.warning("luns: report %s/%s is left out: %s", self.namespace, name, err)
+            self._reports.pop(name, None)
+            return
+        if report.driver != self.driver:
+            return
+        self._reports[name] = (report, trio.current_time())
+
+    async def _load(self) -> str | None:
+        """Every report now; the resourceVersion to watch from."""
+        found = await self.api.reports(self.namespace)
+        self._reports.clear()
+        for body in found:
+            self._seen(body)
+        versions = [int(b["metadata"]["resourceVersion"]) for b in found]
+        return str(max(versions)) if versions else None
+
+    async def _recall(self) -> None:
+        """What the cluster pools hold on the server (an earlier leader's)."""
+        for body in await self.api.cluster_slices(self.driver, POOL_PREFIX):
+            spec = body["spec"]
+            resource = spec["pool"]["name"].removeprefix(POOL_PREFIX)
+            pool = self._pools.setdefault(resource, _Pool())
+            generation = spec["pool"]["generation"]
+            if generation > pool.generation:
+                pool.generation, pool.slices = generation, {}
+            if generation == pool.generation:
+                pool.slices[body["metadata"]["name"]] = spec.get("devices") or []
+
+    async def _watch(self, version: str | None) -> None:
+        backoff = Backoff(*RETRY)
+        while True:
+            try:
+                async for op, body in self.api.watch_reports(self.namespace, version):
+                    backoff.reset()
+                    version = body["metadata"].get("resourceVersion") or version
+                    if op == "DELETED":
+                        self._reports.pop(body["metadata"]["name"], None)
+                    elif REPORT_LABEL in (body["metadata"].get("labels") or {}):
+                        self._seen(body)
+                    self._changed.set()
+            except Exception as err:  # the watch ended, its version too old: list again
+                log.warning("luns: watching the reports: %s: listing them again", err)
+                await trio.sleep(backoff.next())
+                try:
+                    version = await self._load()
+                except Exception as again:
+                    log.warning("luns: cannot list the reports (%s)", again)
+                    continue
+                self._changed.set()
+
+    def _live(self) -> list[Report]:
+        now = trio.current_time()
+        return [r for r, seen in self._reports.values() if now - seen <= self.ttl]
+
+    def _next_expiry(self) -> float:
+        now = trio.current_time()
+        times = [seen + self.ttl for _, seen in self._reports.values() if seen + self.ttl >= now]
+        return min(times, default=now + self.ttl) + 0.01
+
+    async def _publish_all(self) -> None:
+        if self._unsure:
+            self._pools.clear()
+            await self._recall()
+            self._unsure = False
+        live = self._live()
+        resources = sorted({r.resource for r in live} | set(self._pools))
+        for resource in resources:
+            devices, conflicts = merge(resource, live)
+            for conflict in conflicts:
+                text = conflict.describe()
+                if text not in self._said:
+                    self._said.add(text)
+                    log.error("luns: %s: %s", resource, text)
+            try:
+                await self._publish(resource, devices)
+            except Exception as err:  # the API server; tried again at the next change
+                log.warning("luns: %s: cannot publish the cluster pool (%s)", resource, err)
+                self._unsure = True
+                self._changed.set()
+                await trio.sleep(RETRY[0])
+
+    async def _publish(self, resource: str, devices: list[dict[str, Any]]) -> None:
+        pool = self._pools.setdefault(resource, _Pool())
+        now = cluster_slices(self.driver, resource, devices, pool.generation)
+        if {b["metadata"]["name"]: b["spec"]["devices"] for b in now} == pool.slices:
+            return
+        generation = pool.generation + 1
+        bodies = cluster_slices(self.driver, resource, devices, generation)
+        for body in bodies:
+            await self.api.apply_slice(body)
+        wanted = {b["metadata"]["name"]: b["spec"]["devices"] for b in bodies}
+        for name in sorted(set(pool.slices) - set(wanted)):
+            await self.api.delete_slice(name)
+        pool.generation, pool.slices = generation, wanted
+        log.info(
+            "luns: %s: published %d LUNs in pool %s (generation %d): %s",
+            resource,
+            len(devices),
+            cluster_pool_name(resource),
+            generation,
+            "; ".join(f"{d['name']} on {', '.join(_nodes(d))}" for d in devices[:10]),
+        )
+
+
+def _nodes(device: dict[str, Any]) -> list[str]:
+    term = device["nodeSelector"]["nodeSelectorTerms"][0]
+    return list(term["matchFields"][0]["values"])
+
+
+async def serve(
+    *,
+    kubeconfig: Any,
+    namespace: str,
+    driver: str,
+    ttl: float,
+    lease_name: str,
+    lease_duration: float,
+    identity: str,
+) -> None:
+    """`powerdev luns` until SIGTERM or SIGINT: lead when it can, publish
+    while it leads, let the Lease go on the way out."""
+    import signal
+
+    from powerdev.dra import kubeapi
+    from powerdev.dra.lease import Elector
+
+    client = kubeapi.client(kubeconfig)
+    api = LunApi(client)
+    elector = Elector(api, namespace, lease_name, identity, lease_duration)
+    controller = Controller(api, namespace, driver, ttl)
+    log.info(
+        "luns: %s for driver %s: reports in %s, dropped after %gs unchanged",
+        identity,
+        driver,
+        namespace,
+        ttl,
+    )
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(elector.lead, controller.run)
+                async for signum in signals:
+                    log.info("luns: %s: stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await client.close()
