@@ -13,10 +13,10 @@ from lightkube import AsyncClient
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from powerdev.dra.luns import REPORT_LABEL
+from powerdev.dra.luns import HOSTNAME_LABEL, REPORT_LABEL
 
 
 class Conflict(Exception):
@@ -56,6 +56,16 @@ class LunApi:
             ConfigMap, namespace=namespace, labels=labels, resource_version=resource_version
         ):
             yield op, item.to_dict()
+
+    async def hostname_label(self, node: str) -> str | None:
+        """The node's kubernetes.io/hostname label; None: no such node or label."""
+        try:
+            found = await self._api.get(Node, node)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        return (found.metadata.labels or {}).get(HOSTNAME_LABEL)
 
     # the cluster pool
 

@@ -19,6 +19,7 @@ import trio
 
 from powerdev.dra.lun_api import LunApi
 from powerdev.dra.luns import (
+    HOSTNAME_LABEL,
     REPORT_LABEL,
     Report,
     cluster_pool_name,
@@ -51,6 +52,8 @@ class Controller:
     _pools: dict[str, _Pool] = field(default_factory=dict)  # by resource name
     _said: set[str] = field(default_factory=set)  # conflicts said
     _unsure: bool = False  # a write failed: what the pools hold is read again first
+    _hostnames: dict[str, str] = field(default_factory=dict)  # node -> its hostname label
+    _backoff: Backoff = field(default_factory=lambda: Backoff(*RETRY))
 
     async def run(self) -> None:
         """Keep the cluster pools right until cancelled (while leading)."""
@@ -136,9 +139,19 @@ class Controller:
             await self._recall()
             self._unsure = False
         live = self._live()
+        for node in sorted({r.node for r in live} - set(self._hostnames)):
+            label = await self.api.hostname_label(node)
+            if label is None:
+                log.error(
+                    "luns: node %s has no %s label: none of its LUNs can be selected for it",
+                    node,
+                    HOSTNAME_LABEL,
+                )
+            else:
+                self._hostnames[node] = label
         resources = sorted({r.resource for r in live} | set(self._pools))
         for resource in resources:
-            devices, conflicts = merge(resource, live)
+            devices, conflicts = merge(resource, live, self._hostnames)
             for conflict in conflicts:
                 text = conflict.describe()
                 if text not in self._said:
@@ -150,7 +163,9 @@ class Controller:
                 log.warning("luns: %s: cannot publish the cluster pool (%s)", resource, err)
                 self._unsure = True
                 self._changed.set()
-                await trio.sleep(RETRY[0])
+                await trio.sleep(self._backoff.next())
+            else:
+                self._backoff.reset()
 
     async def _publish(self, resource: str, devices: list[dict[str, Any]]) -> None:
         pool = self._pools.setdefault(resource, _Pool())
@@ -177,7 +192,7 @@ class Controller:
 
 def _nodes(device: dict[str, Any]) -> list[str]:
     term = device["nodeSelector"]["nodeSelectorTerms"][0]
-    return list(term["matchFields"][0]["values"])
+    return list(term["matchExpressions"][0]["values"])
 
 
 async def serve(

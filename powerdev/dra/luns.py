@@ -13,7 +13,8 @@ working path, host-used or otherwise unhealthy is not reported: the node
 leaves that LUN's selection.
 
 merge() makes one device per LUN of the live reports, whose nodeSelector
-names exactly the nodes that report it. A LUN whose size, vendor or model
+names exactly the nodes that report it (by their kubernetes.io/hostname
+label). A LUN whose size, vendor or model
 differs between nodes is merged only over the nodes that agree with the
 most others; the rest are conflicts (said, not merged); a tie merges
 nobody. cluster_slices() packs the devices into the pool's slices, with
@@ -242,11 +243,18 @@ def wwid_of(identity: str) -> str | None:
     return None
 
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
 def merge(
-    resource_name: str, reports: Iterable[Report]
+    resource_name: str, reports: Iterable[Report], hostnames: Mapping[str, str]
 ) -> tuple[list[dict[str, Any]], list[Conflict]]:
     """The cluster pool's devices for the resource from the live reports,
-    sorted by name, and the conflicts."""
+    sorted by name, and the conflicts. A device's nodeSelector names its
+    nodes by their kubernetes.io/hostname label (`hostnames`: node name ->
+    its label; a node without one is not selected): a node field selector
+    (matchFields on metadata.name) takes one value only, and the allocator
+    takes a selector of one term only."""
     seen: dict[str, dict[str, Sighting]] = {}
     for report in reports:
         if report.resource != resource_name:
@@ -268,11 +276,13 @@ def merge(
                 conflicts.append(Conflict(name, node, what, tuple(nodes), agreed))
         if agreed is None:
             continue
-        devices.append(_device(resource_name, name, seen[name][nodes[0]], nodes))
+        labels = sorted({hostnames[n] for n in nodes if n in hostnames})
+        if labels:
+            devices.append(_device(resource_name, name, seen[name][nodes[0]], labels))
     return devices, conflicts
 
 
-def _device(resource_name: str, name: str, s: Sighting, nodes: Sequence[str]) -> dict[str, Any]:
+def _device(resource_name: str, name: str, s: Sighting, hosts: Sequence[str]) -> dict[str, Any]:
     attributes: dict[str, dict[str, Any]] = {
         "resource": {"string": resource_name},
         "kind": {"string": "block"},
@@ -286,7 +296,11 @@ def _device(resource_name: str, name: str, s: Sighting, nodes: Sequence[str]) ->
         "attributes": attributes,
         "nodeSelector": {
             "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(nodes)}]}
+                {
+                    "matchExpressions": [
+                        {"key": HOSTNAME_LABEL, "operator": "In", "values": list(hosts)}
+                    ]
+                }
             ]
         },
     }

@@ -1,0 +1,262 @@
+"""A SAN LUN that two nodes see is one device in the cluster: two simulated
+nodes (a Node object, a draharness as its kubelet and a `powerdev run` each,
+every one with a device tree of its own in which the same multipath LUN,
+one WWID over two SCSI paths, is a map of other numbers) report it, and one
+`powerdev luns` publishes it once, in the cluster pool, its nodeSelector
+naming both. The kit's real scheduler gives it to one claim and binds the
+pod to one of the two nodes; that node's powerdev prepares the claim with
+its own device (the kit's CDI library resolves it to that node's numbers);
+a second claim for it waits. Both paths of the LUN fail on the other node:
+that node leaves the selection, and comes back with its paths."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from powerdev.devtools.cdicheck import inject
+from powerdev.devtools.cluster.client import Api, container, pod
+from powerdev.devtools.draharness import DRAHarness
+from powerdev.devtools.kit import CDICHECK
+from powerdev.devtools.testing import dra_options, is_root, run_command, stop
+from powerdev.dra.luns import cluster_pool_name, cluster_slice_name
+from tests.conftest import require_tool
+from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
+from tests.unit.test_condition import scsi
+from tests.unit.test_family import nodes
+from tests.unit.test_inuse import add_device
+
+pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: block nodes (mknod)")
+
+RESOURCE = "powerdev.test/lun"
+WWID = "3600a098038303053453f463045727a"
+SLICES = f"{RESOURCE_API}/resourceslices"
+LIMIT = 90
+GID, MODE = 6, 0o660
+
+
+def lun_tree(sys_root: Path, minor: int) -> dict[str, Path]:
+    """The LUN as a node's sysfs has it: a multipath map dm-<minor> (253:<minor>)
+    with DM UUID mpath-<WWID>, 1 MiB, over two running SCSI paths, sdd and
+    sde; their state files."""
+    dm = f"dm-{minor}"
+    states = {
+        "sdd": scsi(sys_root, "sdd", "8:48", 0, holders=[dm]),
+        "sde": scsi(sys_root, "sde", "8:64", 1, holders=[dm]),
+    }
+    add_device(
+        sys_root, "virtual/block", dm, f"253:{minor}", slaves=["sdd", "sde"], uuid=f"mpath-{WWID}"
+    )
+    (sys_root / f"devices/virtual/block/{dm}/dm/suspended").write_text("0\n")
+    (sys_root / f"devices/virtual/block/{dm}/size").write_text("2048\n")
+    for disk in (sys_root / "class" / "block").iterdir():
+        major, number = (disk / "dev").read_text().split(":")
+        (disk / "uevent").write_text(
+            f"MAJOR={major}\nMINOR={number.strip()}\nDEVNAME={disk.name}\n"
+        )
+    return states
+
+
+@dataclass
+class LunNode:
+    name: str
+    harness: DRAHarness
+    cdi: Path
+    minor: int
+    states: dict[str, Path]
+
+
+@contextlib.asynccontextmanager
+async def lun_node(
+    api: Api, plane, draharness: Path, root: Path, *, driver: str, namespace: str, minor: int
+) -> AsyncIterator[LunNode]:
+    """A Ready Node (tainted for this test's pods only), the harness as its
+    kubelet, and `powerdev run` with the LUN at /dev/mapper/mpatha
+    (253:<minor>) in a resource with "scope": "cluster"."""
+    name = f"lun-{secrets.token_hex(3)}"
+    await api.create_node(name, taints=[{"key": TAINT, "value": namespace, "effect": "NoSchedule"}])
+    states = lun_tree(root / "sys", minor)
+    nodes(root / "dev", {"mapper/mpatha": (253, minor)})
+    config = root / "config.json"
+    entry = {
+        "name": RESOURCE,
+        "api": "dra",
+        "scope": "cluster",
+        "include-devices": ["/dev/mapper/*"],
+        "device-gid": GID,
+        "device-mode": f"{MODE:04o}",
+    }
+    config.write_text(json.dumps({"resources": [entry]}))
+    registry, plugins, state = dirs(root)
+    command = run_command(
+        root / "device-plugins",
+        config,
+        root / "dev",
+        *("--sys-root", str(root / "sys"), "--uevents", "off", "--health-interval", "0.05"),
+        *("--lun-namespace", namespace),
+        *dra_options(root, name, plane.kubeconfig, driver),
+    )
+    async with DRAHarness.running(
+        draharness, root / "draharness.log", node_name=name, kubeconfig=plane.kubeconfig
+    ) as harness:
+        await harness.start(registry, plugins, state)
+        await harness.wait_wipe(1)
+        proc = await trio.lowlevel.open_process(command)
+        try:
+            await harness.wait_driver(driver)
+            yield LunNode(name, harness, root / "cdi", minor, states)
+        finally:
+            await stop(proc)
+
+
+@contextlib.asynccontextmanager
+async def luns_controller(plane, namespace: str, driver: str) -> AsyncIterator[trio.Process]:
+    command = [
+        *run_command(Path("/"), Path("/"), Path("/"))[:3],
+        "luns",
+        *("--kubeconfig", str(plane.kubeconfig), "--namespace", namespace),
+        *("--dra-driver", driver, "--identity", "luns-0"),
+    ]
+    proc = await trio.lowlevel.open_process(command)
+    try:
+        yield proc
+    finally:
+        await stop(proc)
+
+
+def selected(item: dict) -> dict[str, list[str]]:
+    """Each device of a cluster slice -> the nodes its nodeSelector names."""
+    found = {}
+    for device in item["spec"]["devices"]:
+        (term,) = device["nodeSelector"]["nodeSelectorTerms"]
+        (field,) = term["matchExpressions"]
+        assert (field["key"], field["operator"]) == ("kubernetes.io/hostname", "In")
+        found[device["name"]] = sorted(field["values"])
+    return found
+
+
+async def claim_and_pod(api: Api, namespace: str, name: str, device_class: str) -> None:
+    claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    exactly = {"deviceClassName": device_class, "count": 1}
+    await api.create(
+        claims,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
+        },
+    )
+    body = pod(
+        name,
+        container("c0", {"claims": [{"name": "dev"}]}),
+        resourceClaims=[{"name": "dev", "resourceClaimName": name}],
+        tolerations=[{"key": TAINT, "operator": "Equal", "value": namespace}],
+    )
+    await api.create_pod(namespace, body)
+
+
+def unschedulable(p: dict) -> bool:
+    return any(
+        c["type"] == "PodScheduled"
+        and c["status"] == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in p.get("status", {}).get("conditions", [])
+    )
+
+
+async def test_a_lun_two_nodes_see_is_one_device_one_claim_at_a_time_on_a_node_that_reaches_it(
+    api, control_plane, draharness, tmp_path
+):
+    cdicheck = require_tool(CDICHECK)
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
+    await api.create(
+        f"{RESOURCE_API}/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": namespace},
+            "spec": {"selectors": [{"cel": {"expression": cel}}]},
+        },
+    )
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7,
+            ) as b,
+            luns_controller(control_plane, namespace, driver),
+        ):  # fmt: skip
+            both = sorted([a.name, b.name])
+            # Published once, for the cluster, naming both nodes.
+            item = await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+            spec = item["spec"]
+            assert spec["perDeviceNodeSelection"] is True and "nodeName" not in spec
+            assert spec["pool"]["name"] == cluster_pool_name(RESOURCE)
+            assert spec["pool"]["resourceSliceCount"] == 1
+            (device,) = spec["devices"]
+            assert device["attributes"]["wwid"] == {"string": WWID}
+            assert device["capacity"] == {"size": {"value": str(2048 * 512)}}
+            assert device["bindsToNode"] is True
+            listing = await api.get(SLICES)
+            mine = [s for s in listing["items"] if s["spec"]["driver"] == driver]
+            assert len(mine) == 1  # no node publishes a pool of its own
+
+            # A claim gets it; its pod is bound to one of the two nodes.
+            await claim_and_pod(api, namespace, "p1", namespace)
+            pods = f"/api/v1/namespaces/{namespace}/pods"
+            bound = await api.wait_for(pods, "p1", lambda p: bool(p["spec"].get("nodeName")))
+            holder = {a.name: a, b.name: b}[bound["spec"]["nodeName"]]
+            other = b if holder is a else a
+            claim = await api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/p1")
+            allocation = claim["status"]["allocation"]
+            (result,) = allocation["devices"]["results"]
+            assert (result["pool"], result["device"]) == (
+                cluster_pool_name(RESOURCE),
+                device["name"],
+            )
+            (term,) = allocation["nodeSelector"]["nodeSelectorTerms"]
+            assert term["matchFields"][0]["values"] == [holder.name]  # bindsToNode
+
+            # Its node prepares it with its own device: the LUN's numbers there.
+            prepared = await holder.harness.prepare(namespace, "p1")
+            resolved = inject(cdicheck, [holder.cdi], prepared["c0"])
+            assert resolved["ok"], resolved
+            numbers = sorted((d["type"], d["major"], d["minor"]) for d in resolved["linuxDevices"])
+            assert numbers == [("b", 253, holder.minor)]
+
+            # A second claim for it waits while the first holds it.
+            await claim_and_pod(api, namespace, "p2", namespace)
+            waiting = await api.wait_for(pods, "p2", unschedulable)
+            assert not waiting["spec"].get("nodeName")
+            second = await api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/p2")
+            assert not second.get("status", {}).get("allocation")
+
+            # Both paths fail on the other node: it leaves the selection.
+            for state in other.states.values():
+                state.write_text("transport-offline\n")
+            await api.wait_for(
+                SLICES, first, lambda s: list(selected(s).values()) == [[holder.name]]
+            )
+            # Back: it is named again.
+            for state in other.states.values():
+                state.write_text("running\n")
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+            # The holder's claim was prepared throughout.
+            again = await holder.harness.prepare(namespace, "p1")
+            assert again == prepared
