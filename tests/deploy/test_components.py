@@ -131,8 +131,18 @@ def test_a_combination_renders_what_its_components_add_in_every_order(tmp_path, 
         )
     else:
         assert not policies
+    if "luns" in subset:
+        luns = first[("Deployment", ds["metadata"]["namespace"], "power-device-luns")]
+        assert (
+            luns["spec"]["template"]["spec"]["containers"][0]["image"]
+            == (pod["containers"][0]["image"])
+        )
+        reports = first[
+            ("RoleBinding", ds["metadata"]["namespace"], "power-device-plugin-lun-reports")
+        ]
+        assert reports["subjects"][0]["name"] == pod["serviceAccountName"]
     if "dra" in subset:
-        (binding,) = [d for k, d in first.items() if k[0] == "ClusterRoleBinding"]
+        binding = first[("ClusterRoleBinding", "", "power-device-plugin-dra")]
         assert binding["subjects"] == [
             {
                 "kind": "ServiceAccount",

@@ -58,10 +58,13 @@ def test_there_is_something_to_check():
         "Certificate",
         "Certificate",
         "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
         "ClusterRoleBinding",
         "ConfigMap",
         "ConfigMap",
         "DaemonSet",
+        "Deployment",
         "Deployment",
         "Deployment",
         "DeviceClass",
@@ -80,12 +83,21 @@ def test_there_is_something_to_check():
         "PrometheusRule",
         "ResourceClaimTemplate",
         "Role",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
         "RoleBinding",
         "SecurityContextConstraints",
         "Service",
         "ServiceAccount",
         "ServiceAccount",
+        "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
 
@@ -245,13 +257,18 @@ def test_daemonset_scheduling_updates_and_probes():
     assert set(container["resources"]["limits"]) == {"cpu", "memory"}
 
 
-def test_no_rbac_outside_the_openshift_overlay_and_the_dra_component():
+def test_no_rbac_outside_the_openshift_overlay_and_the_dra_components():
     """The device plugin API needs no API server: RBAC comes only with the
-    SCC (OpenShift) and with DRA (tests/deploy/test_dra_deploy.py says
-    exactly what that grants)."""
+    SCC (OpenShift) and with DRA, deploy/dra and deploy/luns
+    (tests/deploy/test_dra_deploy.py and test_luns_deploy.py say exactly
+    what they grant)."""
     for path, doc in manifests():
         if doc["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
-            assert path.parts[:2] in (("deploy", "openshift"), ("deploy", "dra")), path
+            assert path.parts[:2] in (
+                ("deploy", "openshift"),
+                ("deploy", "dra"),
+                ("deploy", "luns"),
+            ), path
             if path.parts[:2] == ("deploy", "openshift"):
                 assert doc["kind"] in ("Role", "RoleBinding")
 
