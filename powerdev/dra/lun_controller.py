@@ -54,6 +54,7 @@ class Controller:
     _unsure: bool = False  # a write failed: what the pools hold is read again first
     _hostnames: dict[str, str] = field(default_factory=dict)  # node -> its hostname label
     _backoff: Backoff = field(default_factory=lambda: Backoff(*RETRY))
+    writes: int = 0  # slices applied or deleted, since it was made
 
     async def run(self) -> None:
         """Keep the cluster pools right until cancelled (while leading)."""
@@ -63,9 +64,19 @@ class Controller:
         await self._recall()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, version)
+            first = True
             while True:
                 self._changed = trio.Event()
+                written = self.writes
                 await self._publish_all()
+                if first:
+                    first = False
+                    log.info(
+                        "luns: took up %d reports and %d cluster pools: %d slices written",
+                        len(self._reports),
+                        len(self._pools),
+                        self.writes - written,
+                    )
                 with trio.move_on_at(self._next_expiry()):
                     await self._changed.wait()
 
@@ -176,9 +187,11 @@ class Controller:
         bodies = cluster_slices(self.driver, resource, devices, generation)
         for body in bodies:
             await self.api.apply_slice(body)
+            self.writes += 1
         wanted = {b["metadata"]["name"]: b["spec"]["devices"] for b in bodies}
         for name in sorted(set(pool.slices) - set(wanted)):
             await self.api.delete_slice(name)
+            self.writes += 1
         pool.generation, pool.slices = generation, wanted
         log.info(
             "luns: %s: published %d LUNs in pool %s (generation %d): %s",

@@ -25,7 +25,7 @@ from powerdev.devtools.cdicheck import inject
 from powerdev.devtools.cluster.client import Api, container, pod
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK
-from powerdev.devtools.testing import dra_options, is_root, run_command, stop
+from powerdev.devtools.testing import dra_options, is_root, run_command, stop, wait_for_file
 from powerdev.dra.luns import cluster_pool_name, cluster_slice_name
 from tests.conftest import require_tool
 from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
@@ -42,10 +42,10 @@ LIMIT = 90
 GID, MODE = 6, 0o660
 
 
-def lun_tree(sys_root: Path, minor: int) -> dict[str, Path]:
+def lun_tree(sys_root: Path, minor: int, blocks: int = 2048) -> dict[str, Path]:
     """The LUN as a node's sysfs has it: a multipath map dm-<minor> (253:<minor>)
-    with DM UUID mpath-<WWID>, 1 MiB, over two running SCSI paths, sdd and
-    sde; their state files."""
+    with DM UUID mpath-<WWID>, `blocks` of 512 bytes (1 MiB), over two
+    running SCSI paths, sdd and sde; their state files."""
     dm = f"dm-{minor}"
     states = {
         "sdd": scsi(sys_root, "sdd", "8:48", 0, holders=[dm]),
@@ -55,7 +55,7 @@ def lun_tree(sys_root: Path, minor: int) -> dict[str, Path]:
         sys_root, "virtual/block", dm, f"253:{minor}", slaves=["sdd", "sde"], uuid=f"mpath-{WWID}"
     )
     (sys_root / f"devices/virtual/block/{dm}/dm/suspended").write_text("0\n")
-    (sys_root / f"devices/virtual/block/{dm}/size").write_text("2048\n")
+    (sys_root / f"devices/virtual/block/{dm}/size").write_text(f"{blocks}\n")
     for disk in (sys_root / "class" / "block").iterdir():
         major, number = (disk / "dev").read_text().split(":")
         (disk / "uevent").write_text(
@@ -71,18 +71,39 @@ class LunNode:
     cdi: Path
     minor: int
     states: dict[str, Path]
+    command: list[str]
+    proc: trio.Process
+
+    async def kill(self) -> None:
+        """Its powerdev SIGKILLed: no way out, its report stays as it was."""
+        self.proc.kill()
+        await self.proc.wait()
+
+    async def start(self) -> None:
+        """Its powerdev started again, on the same directories."""
+        self.proc = await trio.lowlevel.open_process(self.command)
 
 
 @contextlib.asynccontextmanager
 async def lun_node(
-    api: Api, plane, draharness: Path, root: Path, *, driver: str, namespace: str, minor: int
+    api: Api,
+    plane,
+    draharness: Path,
+    root: Path,
+    *,
+    driver: str,
+    namespace: str,
+    minor: int,
+    blocks: int = 2048,
+    interval: float | None = None,
 ) -> AsyncIterator[LunNode]:
     """A Ready Node (tainted for this test's pods only), the harness as its
     kubelet, and `powerdev run` with the LUN at /dev/mapper/mpatha
-    (253:<minor>) in a resource with "scope": "cluster"."""
+    (253:<minor>, `blocks` long) in a resource with "scope": "cluster",
+    reporting at least every `interval` seconds (the default: 10)."""
     name = f"lun-{secrets.token_hex(3)}"
     await api.create_node(name, taints=[{"key": TAINT, "value": namespace, "effect": "NoSchedule"}])
-    states = lun_tree(root / "sys", minor)
+    states = lun_tree(root / "sys", minor, blocks)
     nodes(root / "dev", {"mapper/mpatha": (253, minor)})
     config = root / "config.json"
     entry = {
@@ -101,6 +122,7 @@ async def lun_node(
         root / "dev",
         *("--sys-root", str(root / "sys"), "--uevents", "off", "--health-interval", "0.05"),
         *("--lun-namespace", namespace),
+        *(("--lun-report-interval", str(interval)) if interval is not None else ()),
         *dra_options(root, name, plane.kubeconfig, driver),
     )
     async with DRAHarness.running(
@@ -108,27 +130,39 @@ async def lun_node(
     ) as harness:
         await harness.start(registry, plugins, state)
         await harness.wait_wipe(1)
-        proc = await trio.lowlevel.open_process(command)
+        node = LunNode(name, harness, root / "cdi", minor, states, command, None)  # type: ignore[arg-type]
+        await node.start()
         try:
             await harness.wait_driver(driver)
-            yield LunNode(name, harness, root / "cdi", minor, states)
+            yield node
         finally:
-            await stop(proc)
+            await stop(node.proc)
 
 
 @contextlib.asynccontextmanager
-async def luns_controller(plane, namespace: str, driver: str) -> AsyncIterator[trio.Process]:
+async def luns_controller(
+    plane,
+    namespace: str,
+    driver: str,
+    *options: str,
+    identity: str = "luns-0",
+    log: Path | None = None,
+) -> AsyncIterator[trio.Process]:
+    """`powerdev luns` as `identity`, its log to `log` (else inherited)."""
     command = [
         *run_command(Path("/"), Path("/"), Path("/"))[:3],
         "luns",
         *("--kubeconfig", str(plane.kubeconfig), "--namespace", namespace),
-        *("--dra-driver", driver, "--identity", "luns-0"),
+        *("--dra-driver", driver, "--identity", identity),
+        *options,
     ]
-    proc = await trio.lowlevel.open_process(command)
-    try:
-        yield proc
-    finally:
-        await stop(proc)
+    with contextlib.ExitStack() as files:
+        stderr = files.enter_context(log.open("ab")) if log is not None else None
+        proc = await trio.lowlevel.open_process(command, stderr=stderr)
+        try:
+            yield proc
+        finally:
+            await stop(proc)
 
 
 def selected(item: dict) -> dict[str, list[str]]:
@@ -260,3 +294,105 @@ async def test_a_lun_two_nodes_see_is_one_device_one_claim_at_a_time_on_a_node_t
             # The holder's claim was prepared throughout.
             again = await holder.harness.prepare(namespace, "p1")
             assert again == prepared
+
+
+LEASE = "powerdev-luns"
+LEASE_SECONDS = 3.0
+
+
+def held_by(identity: str):
+    return lambda lease: lease["spec"].get("holderIdentity") == identity
+
+
+async def test_the_leader_changes_hands_and_the_pool_stays_as_it_was_written_once(
+    api, control_plane, draharness, tmp_path
+):
+    """Two replicas of `powerdev luns`: the first leads and publishes. It is
+    SIGKILLed, its Lease left held: the second takes over once the Lease
+    has gone unrenewed for its duration, finds the pool right and writes
+    nothing; a path change after that is its to publish, one generation
+    on. Then a third replica, and the second SIGTERMed: it lets the Lease
+    go, and the third takes over at once."""
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    logs = {i: tmp_path / f"luns-{i}.log" for i in range(3)}
+    options = ("--lease-duration", str(LEASE_SECONDS))
+
+    def controller(i: int):
+        return luns_controller(
+            control_plane, namespace, driver, *options, identity=f"luns-{i}", log=logs[i]
+        )
+
+    async def running(i: int) -> None:  # its elector is about to try the Lease
+        await wait_for_file(logs[i], lambda text: f"luns: luns-{i} for driver" in text)
+
+    async def took_up(i: int) -> str:  # its first pass as the leader
+        text = await wait_for_file(logs[i], lambda text: "luns: took up" in text)
+        (line,) = [line for line in text.splitlines() if "luns: took up" in line]
+        return line
+
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7,
+            ) as b,
+            controller(0) as zero,
+        ):  # fmt: skip
+            both = sorted([a.name, b.name])
+            await api.wait_for(leases, LEASE, held_by("luns-0"))
+            published = await api.wait_for(
+                SLICES, first, lambda s: list(selected(s).values()) == [both]
+            )
+            generation = published["spec"]["pool"]["generation"]
+            async with controller(1) as one:
+                await running(1)
+                lease = await api.get(f"{leases}/{LEASE}")
+                assert lease["spec"]["holderIdentity"] == "luns-0"  # it waits its turn
+                # SIGKILL: no way out, the Lease stays held until it expires.
+                zero.kill()
+                await zero.wait()
+                killed = trio.current_time()
+                with trio.fail_after(LEASE_SECONDS * 2):
+                    await api.wait_for(leases, LEASE, held_by("luns-1"))
+                # Not before the holder's last renewal (at most a third of the
+                # duration before the kill) had aged a whole duration.
+                assert trio.current_time() - killed >= LEASE_SECONDS * 2 / 3 - 0.1
+                assert (await took_up(1)).endswith(": 0 slices written")
+                kept = await api.get(f"{SLICES}/{first}")
+                assert kept["metadata"]["resourceVersion"] == published["metadata"][
+                    "resourceVersion"
+                ]  # fmt: skip
+                # A change after the takeover: the new leader publishes it, once.
+                for state in b.states.values():
+                    state.write_text("transport-offline\n")
+                changed = await api.wait_for(
+                    SLICES, first, lambda s: list(selected(s).values()) == [[a.name]]
+                )
+                assert changed["spec"]["pool"]["generation"] == generation + 1
+                await wait_for_file(logs[1], lambda text: f"(generation {generation + 1})" in text)
+                assert f"(generation {generation + 1})" not in logs[0].read_text()
+
+                # SIGTERM: the leader lets the Lease go, the next takes it at once.
+                async with controller(2):
+                    await running(2)
+                    await api.wait_for(leases, LEASE, held_by("luns-1"))
+                    one.terminate()
+                    with trio.fail_after(LEASE_SECONDS / 2):  # an expiry: 2/3 of it at least
+                        await api.wait_for(leases, LEASE, held_by("luns-2"))
+                    assert "let the Lease powerdev-luns go" in logs[1].read_text()
+                    assert (await took_up(2)).endswith(": 0 slices written")
+                    for state in b.states.values():
+                        state.write_text("running\n")
+                    back = await api.wait_for(
+                        SLICES, first, lambda s: list(selected(s).values()) == [both]
+                    )
+                    assert back["spec"]["pool"]["generation"] == generation + 2
+                    await one.wait()
