@@ -26,7 +26,7 @@ from powerdev.devtools.cluster.client import Api, container, pod
 from powerdev.devtools.draharness import DRAHarness
 from powerdev.devtools.kit import CDICHECK
 from powerdev.devtools.testing import dra_options, is_root, run_command, stop, wait_for_file
-from powerdev.dra.luns import cluster_pool_name, cluster_slice_name
+from powerdev.dra.luns import cluster_pool_name, cluster_slice_name, report_name
 from tests.conftest import require_tool
 from tests.dra.test_harness import RESOURCE_API, TAINT, dirs
 from tests.unit.test_condition import scsi
@@ -396,3 +396,96 @@ async def test_the_leader_changes_hands_and_the_pool_stays_as_it_was_written_onc
                     )
                     assert back["spec"]["pool"]["generation"] == generation + 2
                     await one.wait()
+
+
+TTL = 3.0
+INTERVAL = 0.5
+
+
+async def test_a_node_whose_powerdev_is_killed_leaves_every_selection_after_the_ttl_and_comes_back(
+    api, control_plane, draharness, tmp_path
+):
+    """A's powerdev SIGKILLed: its report stays as it was (nothing deletes
+    it), and once it has gone --report-ttl unchanged A leaves the LUN's
+    selection, B (whose heartbeat goes on) staying; A's powerdev started
+    again: A is named again."""
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    configmaps = f"/api/v1/namespaces/{namespace}/configmaps"
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3, interval=INTERVAL,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7, interval=INTERVAL,
+            ) as b,
+            luns_controller(control_plane, namespace, driver, "--report-ttl", str(TTL)),
+        ):  # fmt: skip
+            both = sorted([a.name, b.name])
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+            report = report_name(a.name, driver, RESOURCE)
+            await api.wait_for(configmaps, report, lambda r: int(r["data"]["heartbeat"]) > 1)
+            await a.kill()
+            killed = trio.current_time()
+            left = await api.get(f"{configmaps}/{report}")
+            with trio.fail_after(TTL * 2):
+                await api.wait_for(
+                    SLICES, first, lambda s: list(selected(s).values()) == [[b.name]]
+                )
+            # Not before the report had gone a whole ttl unchanged: its last
+            # heartbeat was at most an interval before the kill.
+            assert trio.current_time() - killed >= TTL - INTERVAL - 0.1
+            kept = await api.get(f"{configmaps}/{report}")
+            assert kept["metadata"]["resourceVersion"] == left["metadata"]["resourceVersion"]
+            assert kept["data"] == left["data"]
+            assert json.loads(kept["data"]["luns"])[0]["paths"] == 2  # as A last saw it
+            await a.start()
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+
+
+async def test_a_node_that_sees_the_lun_with_another_size_is_said_and_left_out(
+    api, control_plane, draharness, tmp_path
+):
+    """A and B see the LUN as 1 MiB, C (the same WWID) as 2 MiB: the
+    controller says so in its log, naming C, and publishes the LUN for A and
+    B only, at their size."""
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    log = tmp_path / "luns.log"
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7,
+            ) as b,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "c",
+                driver=driver, namespace=namespace, minor=9, blocks=4096,
+            ) as c,
+            luns_controller(control_plane, namespace, driver, log=log),
+        ):  # fmt: skip
+            said = await wait_for_file(log, lambda text: f"node {c.name} sees" in text)
+            (line,) = [line for line in said.splitlines() if f"node {c.name} sees" in line]
+            assert f"size {4096 * 512}" in line and f"size {2048 * 512}" in line
+            assert "ERROR" in line and f"node {c.name} is left out" in line
+            # Said in the pass that publishes: the pool it writes names A and B
+            # (an earlier pass, before C reported, might have named fewer).
+            with trio.fail_after(10):
+                item = await api.wait_for(
+                    SLICES,
+                    first,
+                    lambda s: list(selected(s).values()) == [sorted([a.name, b.name])],
+                )
+            (device,) = item["spec"]["devices"]
+            assert device["capacity"] == {"size": {"value": str(2048 * 512)}}
