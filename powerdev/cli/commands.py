@@ -244,8 +244,8 @@ def bench(args: argparse.Namespace) -> int:
     if args.node:
         from powerdev.devtools import node_bench
 
-        if args.dra or args.quick:
-            print("powerdev bench --node: takes no --dra or --quick", file=sys.stderr)
+        if args.dra or args.luns or args.quick:
+            print("powerdev bench --node: takes no --dra, --luns or --quick", file=sys.stderr)
             return 2
 
         problem = node_bench.problem()
@@ -253,6 +253,18 @@ def bench(args: argparse.Namespace) -> int:
             print(f"powerdev bench --node: {problem}", file=sys.stderr)
             return 1
         trio.run(partial(node_bench.run_bench, args.json))
+        return 0
+    if args.luns:
+        from powerdev.devtools import lun_bench
+
+        if args.dra:
+            print("powerdev bench --luns: takes no --dra", file=sys.stderr)
+            return 2
+        problem = lun_bench.problem()
+        if problem:
+            print(f"powerdev bench --luns: {problem}", file=sys.stderr)
+            return 1
+        trio.run(partial(lun_bench.run_bench, plan, args.json))
         return 0
     if args.dra:
         from powerdev.devtools import dra_bench

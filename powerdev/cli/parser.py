@@ -199,6 +199,13 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "the conformance kit's etcd and kube-apiserver, which it starts (bash conformance/build)",
     )
     bench.add_argument(
+        "--luns",
+        action="store_true",
+        help='measure LUNs seen by several nodes ("scope": "cluster") instead: a path change '
+        "on a node to the cluster pool, and `powerdev luns` at 100 simulated nodes and 1,000 "
+        "LUNs (--quick: 3 and 20), against the conformance kit's etcd and kube-apiserver",
+    )
+    bench.add_argument(
         "--node",
         action="store_true",
         help="measure the kit's real node instead (root): its start to Node Ready, and a pod's "

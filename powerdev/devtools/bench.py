@@ -96,6 +96,10 @@ class Plan:
     dra_publications: int = 5
     dra_changes: int = 20
     claims: int = 100
+    # `--luns` (lun_bench.py): simulated nodes, the LUNs each sees, changes
+    lun_nodes: int = 100
+    luns: int = 1000
+    lun_changes: int = 20
     health_passes: int = 20  # reads of every multipath map's paths (condition.py)
 
 
@@ -113,6 +117,9 @@ QUICK = Plan(
     dra_publications=2,
     dra_changes=3,
     claims=5,
+    lun_nodes=3,
+    luns=20,
+    lun_changes=4,
     health_passes=3,
 )
 
@@ -681,9 +688,15 @@ def table(results: Results) -> str:
             text = f"{figures['ms']} ms ({figures['task']})"
         else:
             text = f"{figures['ms']} ms"
-        if "slices" in figures:
+        if "requests" in figures:
             slices, requests = figures["slices"], figures["requests"]
             text += f"; {plural(slices, 'slice')}, {plural(requests, 'request')}"
+        shown = {"p50_ms", "p99_ms", "max_ms", "n", "mib", "ms", "task", "steps", "requests"}
+        if "requests" in figures:
+            shown.add("slices")
+        for key, value in figures.items():  # any other figure (`--luns`'s), as it is
+            if key not in shown:
+                text += f"; {key.replace('_', ' ')} {value}"
         lines.append(f"| {row['measure']} | {row['devices'] or '-'} | {text} |")
     return "\n".join(lines)
 

@@ -81,3 +81,46 @@ def test_without_the_kit_it_says_in_one_line_how_to_build_it(tmp_path):
     assert line.startswith("powerdev bench --dra: the conformance kit is not built: missing etcd")
     assert line.endswith("build it with: bash conformance/build")
     assert done.stdout == ""
+
+
+LUNS = {
+    "LUNs: both paths of a LUN lost or back on a node, to its report written",
+    "LUNs: the same, to the cluster pool updated",
+}
+SCALE = {
+    "LUNs: controller start to the whole cluster pool",
+    "LUNs: one LUN lost or back on one node, report to the whole pool",
+    "LUNs: the controller's CPU per change",
+    "LUNs: the controller's RSS after the changes",
+    "LUNs: one pass (a report parsed, all merged, the slices built), in process",
+}
+
+
+def test_the_quick_lun_bench_reports_a_path_change_and_the_controller_at_scale(tmp_path):
+    require_tools(("etcd", "kube-apiserver"))
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "powerdev", "bench", "--luns", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["measure"]: row for row in json.loads(out.read_text())["rows"]}
+    # The real node needs root (block nodes); without it, that part is skipped.
+    assert rows.keys() == (SCALE | LUNS if is_root() else SCALE)
+    changes = bench.QUICK.lun_changes
+    for measure in LUNS & rows.keys():
+        assert rows[measure]["n"] == changes
+        assert 0 < rows[measure]["p50_ms"] <= rows[measure]["p99_ms"] <= rows[measure]["max_ms"]
+    if is_root():
+        path = rows["LUNs: the same, to the cluster pool updated"]
+        assert (path["report_writes"], path["slice_writes"]) == (1, 1)
+    change = rows["LUNs: one LUN lost or back on one node, report to the whole pool"]
+    assert (change["devices"], change["nodes"]) == (bench.QUICK.luns, bench.QUICK.lun_nodes)
+    assert change["n"] == changes and change["slices"] == change["slice_writes"] == 1
+    assert rows["LUNs: the controller's CPU per change"]["p50_ms"] > 0
+    assert rows["LUNs: the controller's RSS after the changes"]["mib"] > 0
+    assert rows["LUNs: controller start to the whole cluster pool"]["ms"] > 0
+    assert f"| LUNs: the controller's CPU per change | {bench.QUICK.luns} |" in done.stdout
