@@ -39,12 +39,14 @@ class LunApi:
             if err.status.code != 404:
                 raise
 
-    async def reports(self, namespace: str) -> list[dict[str, Any]]:
+    async def reports(self, namespace: str) -> tuple[list[dict[str, Any]], str | None]:
+        """Every report, and the list's resourceVersion: where a watch of
+        what changes next starts (an item's own may be older than what
+        etcd keeps)."""
         labels = {REPORT_LABEL: None}  # the label is there, whatever its value
-        return [
-            item.to_dict()
-            async for item in self._api.list(ConfigMap, namespace=namespace, labels=labels)
-        ]
+        listing = self._api.list(ConfigMap, namespace=namespace, labels=labels)
+        items = [item.to_dict() async for item in listing]
+        return items, listing.resourceVersion
 
     async def watch_reports(
         self, namespace: str, resource_version: str | None

@@ -47,7 +47,9 @@ class Controller:
     namespace: str
     driver: str
     ttl: float  # seconds a report may go unchanged before its node drops out
-    _reports: dict[str, tuple[Report, float]] = field(default_factory=dict)  # by ConfigMap
+    # by ConfigMap: the report, when it was last written (by this replica's
+    # clock), its resourceVersion then
+    _reports: dict[str, tuple[Report, float, str | None]] = field(default_factory=dict)
     _changed: trio.Event = field(default_factory=trio.Event)
     _pools: dict[str, _Pool] = field(default_factory=dict)  # by resource name
     _said: set[str] = field(default_factory=set)  # conflicts said
@@ -55,6 +57,7 @@ class Controller:
     _hostnames: dict[str, str] = field(default_factory=dict)  # node -> its hostname label
     _backoff: Backoff = field(default_factory=lambda: Backoff(*RETRY))
     writes: int = 0  # slices applied or deleted, since it was made
+    passes: int = 0  # merges of every report
 
     async def run(self) -> None:
         """Keep the cluster pools right until cancelled (while leading)."""
@@ -80,26 +83,41 @@ class Controller:
                 with trio.move_on_at(self._next_expiry()):
                     await self._changed.wait()
 
-    def _seen(self, body: dict[str, Any]) -> None:
+    def _seen(self, body: dict[str, Any]) -> bool:
+        """The report noted; whether the pools may change (a heartbeat alone,
+        the same LUNs written again, only keeps its node alive). A report
+        listed again with its resourceVersion unchanged was not written
+        since: its node is no more alive than it was."""
         name = body["metadata"]["name"]
+        version = body["metadata"].get("resourceVersion")
         try:
             report = parse_report(body)
         except ValueError as err:
             log.warning("luns: report %s/%s is left out: %s", self.namespace, name, err)
-            self._reports.pop(name, None)
-            return
+            return self._reports.pop(name, None) is not None
         if report.driver != self.driver:
-            return
-        self._reports[name] = (report, trio.current_time())
+            return False
+        now = trio.current_time()
+        before = self._reports.get(name)
+        if before is None:
+            self._reports[name] = (report, now, version)
+            return True
+        last, seen, was = before
+        if version is not None and version == was:
+            now = seen  # listed again, not written
+        self._reports[name] = (report, now, version)
+        # changed, or back from silence with the same LUNs
+        return last != report or seen + self.ttl < trio.current_time() <= now + self.ttl
 
     async def _load(self) -> str | None:
         """Every report now; the resourceVersion to watch from."""
-        found = await self.api.reports(self.namespace)
-        self._reports.clear()
+        found, version = await self.api.reports(self.namespace)
+        names = {body["metadata"]["name"] for body in found}
+        for gone in set(self._reports) - names:
+            del self._reports[gone]
         for body in found:
             self._seen(body)
-        versions = [int(b["metadata"]["resourceVersion"]) for b in found]
-        return str(max(versions)) if versions else None
+        return version
 
     async def _recall(self) -> None:
         """What the cluster pools hold on the server (an earlier leader's)."""
@@ -121,10 +139,13 @@ class Controller:
                     backoff.reset()
                     version = body["metadata"].get("resourceVersion") or version
                     if op == "DELETED":
-                        self._reports.pop(body["metadata"]["name"], None)
+                        changed = self._reports.pop(body["metadata"]["name"], None) is not None
                     elif REPORT_LABEL in (body["metadata"].get("labels") or {}):
-                        self._seen(body)
-                    self._changed.set()
+                        changed = self._seen(body)
+                    else:  # its label taken off: no longer a report
+                        changed = self._reports.pop(body["metadata"]["name"], None) is not None
+                    if changed:
+                        self._changed.set()
             except Exception as err:  # the watch ended, its version too old: list again
                 log.warning("luns: watching the reports: %s: listing them again", err)
                 await trio.sleep(backoff.next())
@@ -137,14 +158,15 @@ class Controller:
 
     def _live(self) -> list[Report]:
         now = trio.current_time()
-        return [r for r, seen in self._reports.values() if now - seen <= self.ttl]
+        return [r for r, seen, _ in self._reports.values() if now - seen <= self.ttl]
 
     def _next_expiry(self) -> float:
         now = trio.current_time()
-        times = [seen + self.ttl for _, seen in self._reports.values() if seen + self.ttl >= now]
+        times = [seen + self.ttl for _, seen, _ in self._reports.values() if seen + self.ttl >= now]
         return min(times, default=now + self.ttl) + 0.01
 
     async def _publish_all(self) -> None:
+        self.passes += 1
         if self._unsure:
             self._pools.clear()
             await self._recall()

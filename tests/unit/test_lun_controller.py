@@ -1,0 +1,129 @@
+"""`powerdev luns`'s controller (dra/lun_controller.py) against a fake API
+server, on Trio's virtual clock: what it does with a report's heartbeat,
+and with a watch that keeps failing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from powerdev.dra.lun_controller import Controller
+from powerdev.dra.luns import Sighting, report_body
+
+LUN = Sighting("lun-0", "DM_UUID=mpath-3600a", 2, 1 << 30, "IBM", "2145")
+TTL = 30.0
+
+
+class FakeApi:
+    """Reports as the API server lists them (each with its resourceVersion);
+    a watch that yields what is put in `events`, or fails at once."""
+
+    def __init__(self, *bodies: dict[str, Any], watch_fails: bool = False) -> None:
+        self.bodies = {b["metadata"]["name"]: b for b in bodies}
+        self.version = 100  # the list's resourceVersion: newer than every item's
+        self.watch_fails = watch_fails
+        self.watched_from: list[str | None] = []
+        self.send, self.events = trio.open_memory_channel[tuple[str, dict[str, Any]]](10)
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.applied = trio.Event()
+
+    async def reports(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
+        return list(self.bodies.values()), str(self.version)
+
+    async def watch_reports(
+        self, namespace: str, resource_version: str | None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append(resource_version)
+        if self.watch_fails:
+            raise OSError("410 Gone: too old resource version")
+        async for event in self.events:
+            yield event
+
+    async def hostname_label(self, node: str) -> str:
+        return node
+
+    async def cluster_slices(self, driver: str, prefix: str) -> list[dict[str, Any]]:
+        return list(self.slices.values())
+
+    async def apply_slice(self, body: dict[str, Any]) -> None:
+        self.slices[body["metadata"]["name"]] = body
+        self.applied.set()
+        self.applied = trio.Event()
+
+    async def delete_slice(self, name: str) -> None:
+        self.slices.pop(name, None)
+
+
+def body(node: str, heartbeat: int, version: int, *luns: Sighting) -> dict[str, Any]:
+    made = report_body("ns", node, "d", "r/lun", luns, heartbeat)
+    made["metadata"]["resourceVersion"] = str(version)
+    return made
+
+
+def named(api: FakeApi) -> list[list[str]]:
+    """The hostnames each device of the pool's one slice names."""
+    (item,) = api.slices.values()
+    return [
+        d["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+        for d in item["spec"]["devices"]
+    ]
+
+
+async def until(api: FakeApi, predicate) -> None:
+    while not (api.slices and predicate(named(api))):
+        await api.applied.wait()
+
+
+async def test_a_silent_node_leaves_after_the_ttl_even_when_the_watch_keeps_failing(
+    autojump_clock,
+):
+    """Every failed watch lists the reports again: a report listed again
+    unchanged (its resourceVersion the same) is no heartbeat, so a node
+    whose powerdev was killed still leaves after the ttl."""
+    api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN), watch_fails=True)
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        with trio.fail_after(1):
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+        began = trio.current_time()
+        nursery.start_soon(beat, api, "b")  # b's heartbeat goes on; a's stopped
+        with trio.fail_after(TTL * 3):
+            await until(api, lambda nodes: nodes == [["b"]])
+        assert trio.current_time() - began >= TTL - 1
+        nursery.cancel_scope.cancel()
+
+
+async def beat(api: FakeApi, node: str) -> None:
+    """The node's powerdev writing its report again every 5 s (virtual)."""
+    for heartbeat in range(2, 1000):
+        await trio.sleep(5)
+        api.version += 1
+        api.bodies[node] = body(node, heartbeat, api.version, LUN)
+
+
+async def test_the_watch_starts_from_the_lists_version_and_a_heartbeat_merges_nothing(
+    autojump_clock,
+):
+    """The watch starts where the list was taken (not at the newest report,
+    which may be older than what etcd keeps); a report whose LUNs did not
+    change (only its heartbeat) keeps its node alive without a merge of
+    every report; a change is merged and published."""
+    api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        with trio.fail_after(1):
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+        passes = controller.passes
+        for heartbeat in range(2, 12):  # ten heartbeats of b, over a quarter of the ttl
+            await api.send.send(("MODIFIED", body("b", heartbeat, 100 + heartbeat, LUN)))
+            await trio.sleep(TTL / 40)  # virtual time: b's heartbeat goes on
+        assert controller.passes == passes
+        await api.send.send(("MODIFIED", body("b", 12, 112)))  # b lost the LUN
+        with trio.fail_after(1):
+            await until(api, lambda nodes: nodes == [["a"]])
+        assert api.watched_from == ["100"]  # one watch, from the list's version
+        nursery.cancel_scope.cancel()
