@@ -93,6 +93,7 @@ SCALE = {
     "LUNs: the controller's CPU per change",
     "LUNs: the controller's RSS after the changes",
     "LUNs: one pass (a report parsed, all merged, the slices built), in process",
+    "LUNs: a heartbeat (a report written again, its LUNs the same): the controller's CPU",
 }
 
 
