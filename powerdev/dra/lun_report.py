@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import trio
@@ -43,7 +44,12 @@ async def keep_reported(
     reported (or first tried)."""
     name = plugin.resource.name
     backoff = Backoff(*RETRY)
-    heartbeat = 0
+    # Counted on from this start's wall clock (µs), not from 0: a restarted
+    # powerdev whose first report said what the last one before it did would
+    # write the very same ConfigMap, which the API server keeps as it is (no
+    # new resourceVersion, no watch event), and a node that had gone silent
+    # would come back only at its next heartbeat.
+    heartbeat = time.time_ns() // 1000
     said: tuple | None = None
     try:
         while True:
