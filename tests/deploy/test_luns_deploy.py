@@ -33,6 +33,7 @@ from powerdev.dra.luns import (
 )
 from tests.deploy.test_components import render as render_components
 from tests.deploy.test_dra_deploy import (
+    ADDED,
     DRIVER,
     LIMIT,
     PROBE_PACE,
@@ -145,19 +146,13 @@ def test_the_deployment_runs_the_daemonsets_image_restricted(tmp_path, overlay):
 @pytest.fixture(scope="module")
 def applied(control_plane, tmp_path_factory):
     """deploy/ with deploy/dra and deploy/luns, applied with the kit's
-    kubectl; the cluster-wide objects deploy/luns adds go afterwards."""
+    kubectl; the cluster-wide objects the two add go afterwards (the
+    DeviceClass too: other tests make the shipped one)."""
     tmp = tmp_path_factory.mktemp("luns-deploy")
     docs = render(tmp, "deploy", "dra", "luns")
     kubectl(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
     yield docs
-    added = [
-        d
-        for d in docs
-        if d["kind"]
-        in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding")
-        and d["metadata"]["name"] in (LUNS, REPORTS_POLICY, POOLS_POLICY)
-    ]  # fmt: skip
+    added = [d for d in docs if d["kind"] in ADDED]  # deploy/dra's, and this one's
     kubectl(
         control_plane,
         "delete",
