@@ -46,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction, log_levels: tuple[str, ...]) -> 
     luns.add_argument(
         "--report-ttl",
         type=positive_seconds(3600.0),
+        metavar="SECONDS",
         default=env("LUN_REPORT_TTL", "30"),
         help="seconds a node's report may go unchanged (its heartbeat stopped) before the "
         "node leaves every LUN's selection; more than the nodes' --lun-report-interval "
@@ -60,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction, log_levels: tuple[str, ...]) -> 
     luns.add_argument(
         "--lease-duration",
         type=positive_seconds(300.0),
+        metavar="SECONDS",
         default=env("LUN_LEASE_DURATION", "15"),
         help="seconds a leader that stops renewing keeps the Lease; another takes over "
         "after that [env POWERDEV_LUN_LEASE_DURATION; default 15]",

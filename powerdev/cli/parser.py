@@ -168,8 +168,9 @@ def _dra(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--lun-report-interval",
         type=positive_seconds(300.0),
+        metavar="SECONDS",
         default=env("LUN_REPORT_INTERVAL", "10"),
-        help="at least how often the node writes its LUN report again (its heartbeat: "
+        help="at least how often, in seconds, the node writes its LUN report again (its heartbeat: "
         "`powerdev luns --report-ttl` drops a node whose report stops) "
         "[env POWERDEV_LUN_REPORT_INTERVAL; default 10]",
     )
