@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lightkube import AsyncClient, KubeConfig
 from lightkube.codecs import from_dict
@@ -17,6 +17,31 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 FIELD_MANAGER = "powerdev"
 PAGE = 8  # slices a list request asks for
+
+Kind = TypeVar("Kind")
+
+
+async def get_or_none(
+    api: AsyncClient, kind: type[Kind], name: str, namespace: str | None = None
+) -> Kind | None:
+    """The object, or None when the API server has none of that name."""
+    try:
+        return await api.get(kind, name, namespace=namespace)
+    except ApiError as err:
+        if err.status.code == 404:
+            return None
+        raise
+
+
+async def delete_if_there(
+    api: AsyncClient, kind: type, name: str, namespace: str | None = None
+) -> None:
+    """The object deleted; one already gone is no error."""
+    try:
+        await api.delete(kind, name, namespace=namespace)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
 
 
 def config_problem(kubeconfig: Path | None) -> str | None:
@@ -77,21 +102,12 @@ class KubeApi:
         return bool(spec.sharedCounters) or any(d.consumesCounters for d in spec.devices or ())
 
     async def delete_slice(self, name: str) -> None:
-        try:
-            await self._api.delete(ResourceSlice, name)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await delete_if_there(self._api, ResourceSlice, name)
 
     async def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim, or None when the API server has none of that name."""
-        try:
-            found = await self._api.get(ResourceClaim, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code == 404:
-                return None
-            raise
-        return found.to_dict()
+        found = await get_or_none(self._api, ResourceClaim, name, namespace)
+        return None if found is None else found.to_dict()
 
     async def aclose(self) -> None:
         await self._api.close()

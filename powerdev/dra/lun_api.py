@@ -16,6 +16,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from powerdev.dra.kubeapi import KubeApi, delete_if_there, get_or_none
 from powerdev.dra.luns import HOSTNAME_LABEL, REPORT_LABEL
 
 
@@ -33,11 +34,7 @@ class LunApi:
         await self._api.apply(from_dict(body), force=True)
 
     async def delete_report(self, namespace: str, name: str) -> None:
-        try:
-            await self._api.delete(ConfigMap, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await delete_if_there(self._api, ConfigMap, name, namespace)
 
     async def reports(self, namespace: str) -> tuple[list[dict[str, Any]], str | None]:
         """Every report, and the list's resourceVersion: where a watch of
@@ -61,12 +58,9 @@ class LunApi:
 
     async def hostname_label(self, node: str) -> str | None:
         """The node's kubernetes.io/hostname label; None: no such node or label."""
-        try:
-            found = await self._api.get(Node, node)
-        except ApiError as err:
-            if err.status.code == 404:
-                return None
-            raise
+        found = await get_or_none(self._api, Node, node)
+        if found is None or found.metadata is None:
+            return None
         return (found.metadata.labels or {}).get(HOSTNAME_LABEL)
 
     # the cluster pool
@@ -85,36 +79,25 @@ class LunApi:
         await self._api.apply(from_dict(body), force=True)
 
     async def delete_slice(self, name: str) -> None:
-        try:
-            await self._api.delete(ResourceSlice, name)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await KubeApi(self._api).delete_slice(name)
 
     # the leader's Lease
 
     async def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found = await self._api.get(Lease, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code == 404:
-                return None
-            raise
-        return found.to_dict()
+        found = await get_or_none(self._api, Lease, name, namespace)
+        return None if found is None else found.to_dict()
 
     async def create_lease(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            made = await self._api.create(from_dict(body))
-        except ApiError as err:
-            if err.status.code == 409:
-                raise Conflict(str(err)) from err
-            raise
-        return made.to_dict()
+        return await self._unless_conflict(self._api.create, body)
 
     async def replace_lease(self, body: dict[str, Any]) -> dict[str, Any]:
         """The Lease written if its resourceVersion is still the server's."""
+        return await self._unless_conflict(self._api.replace, body)
+
+    @staticmethod
+    async def _unless_conflict(write: Any, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            kept = await self._api.replace(from_dict(body))
+            kept = await write(from_dict(body))
         except ApiError as err:
             if err.status.code == 409:
                 raise Conflict(str(err)) from err
