@@ -632,11 +632,12 @@ def slice_body(name: str, node: str, driver: str = DRIVER) -> dict:
     }
 
 
-async def server_side_apply(api: Api, body: dict, **params: str) -> dict:
-    """What powerdev's lightkube client sends for a slice."""
+async def server_side_apply(api: Api, path: str, body: dict, **params: str) -> dict:
+    """What powerdev's lightkube client sends for an object (`path`: its
+    collection's)."""
     return await api.request(
         "PATCH",
-        f"{SLICES}/{body['metadata']['name']}",
+        f"{path}/{body['metadata']['name']}",
         body,
         params={"fieldManager": "powerdev", "force": "true", **params},
         content_type="application/apply-patch+yaml",
@@ -653,17 +654,16 @@ async def refused(call, expected: str) -> str:
     raise AssertionError(f"allowed; expected a refusal that says {expected!r}")
 
 
-async def until_the_policy_holds(token_api: Api, node: str) -> None:
+async def until_refused(call, policy: str) -> None:
     """The API server loads an admission policy some time after it is
-    stored, and says nowhere when: probe with a dry run (nothing is stored)
-    of what the policy refuses, paced, until it is refused. The caller
+    stored, and says nowhere when: repeat a dry run (nothing is stored) of
+    what `policy` refuses, paced, until it is refused by it. The caller
     bounds the wait."""
-    body = slice_body(f"probe-{secrets.token_hex(3)}", f"{node}-elsewhere")
     while True:
         try:
-            await server_side_apply(token_api, body, dryRun="All")
+            await call()
         except ApiError as err:
-            if POLICY in str(err):
+            if policy in str(err):
                 return
             raise
         await trio.sleep(PROBE_PACE)
@@ -837,15 +837,18 @@ async def test_powerdev_publishes_and_prepares_under_exactly_that_role(
                 assert chosen["device"] != result["device"]  # one device, one claim
 
                 # What the token may not do.
-                await until_the_policy_holds(as_powerdev, node)
                 elsewhere = f"{node}-elsewhere"
+                probe = slice_body(f"probe-{secrets.token_hex(3)}", elsewhere)
+                await until_refused(
+                    lambda: server_side_apply(as_powerdev, SLICES, probe, dryRun="All"), POLICY
+                )
                 await refused(
-                    server_side_apply(as_powerdev, slice_body(f"{node}-x", elsewhere)),
+                    server_side_apply(as_powerdev, SLICES, slice_body(f"{node}-x", elsewhere)),
                     f"may only write its own node's ResourceSlices, not those of {elsewhere}",
                 )
                 await refused(
                     server_side_apply(
-                        as_powerdev, slice_body(f"{node}-y", node, "gpu.example.com")
+                        as_powerdev, SLICES, slice_body(f"{node}-y", node, "gpu.example.com")
                     ),
                     "may only write ResourceSlices of the driver dra.powerdev.io",
                 )

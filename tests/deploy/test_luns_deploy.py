@@ -23,7 +23,7 @@ import pytest
 import trio
 import yaml
 
-from powerdev.devtools.cluster.client import Api, ApiError
+from powerdev.devtools.cluster.client import Api
 from powerdev.dra.luns import (
     HOSTNAME_LABEL,
     Sighting,
@@ -36,7 +36,6 @@ from tests.deploy.test_dra_deploy import (
     ADDED,
     DRIVER,
     LIMIT,
-    PROBE_PACE,
     SLICES,
     as_token,
     daemonset_identity,
@@ -49,7 +48,9 @@ from tests.deploy.test_dra_deploy import (
     refused,
     render,
     review,
+    server_side_apply,
     token_kubeconfig,
+    until_refused,
 )
 from tests.deploy.test_manifests import KUBERNETES_VERSIONS, ROOT
 from tests.deploy.test_restricted_v2 import refusals
@@ -57,6 +58,7 @@ from tests.deploy.test_restricted_v2 import refusals
 LUNS = "power-device-luns"  # its Deployment and ServiceAccount
 NAMESPACE = "power-device-plugin"
 REPORTS_POLICY = "power-device-plugin-lun-reports"
+REPORTS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"  # where the nodes report
 POOLS_POLICY = "power-device-luns-cluster-pools"
 RESOURCE = "power-dev-plugin/lun"
 # What powerdev/dra/lun_api.py calls for `powerdev luns`: (resource, verb, namespaced).
@@ -217,29 +219,7 @@ def report_for(node: str, luns: list[Sighting]) -> dict:
 
 
 async def apply_report(token_api: Api, body: dict, **params: str) -> dict:
-    """What powerdev's lightkube client sends for a report."""
-    name = body["metadata"]["name"]
-    return await token_api.request(
-        "PATCH",
-        f"/api/v1/namespaces/{NAMESPACE}/configmaps/{name}",
-        body,
-        params={"fieldManager": "powerdev", "force": "true", **params},
-        content_type="application/apply-patch+yaml",
-    )
-
-
-async def until_refused(call, policy: str) -> None:
-    """The API server loads an admission policy some time after it is
-    stored, and says nowhere when: repeat a dry run it refuses, paced,
-    until it is refused by `policy`. The caller bounds the wait."""
-    while True:
-        try:
-            await call()
-        except ApiError as err:
-            if policy in str(err):
-                return
-            raise
-        await trio.sleep(PROBE_PACE)
+    return await server_side_apply(token_api, REPORTS, body, **params)
 
 
 async def service_account_token(api: Api, account: str) -> str:
