@@ -10,7 +10,9 @@ allocated. The scheduler never gives overlapping blocks to two claims."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -48,12 +50,13 @@ async def pod_for(node, name: str, path: str) -> None:
     await node.pod_using(name, {"resourceClaimName": name})
 
 
-async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_claims(
-    api, control_plane, draharness, tmp_path
-):
+@contextlib.asynccontextmanager
+async def partitioned(api, control_plane, draharness, tmp_path, **fields) -> AsyncIterator:
+    """A DRA node whose resource lists a GPT loop disk with two partitions
+    (`fields`: more of the resource's config), and powerdev serving it:
+    (the node, the disk's path)."""
     require_command("partx", "util-linux")
-    options = ("--sys-root", "/sys")
-    with trio.fail_after(LIMIT), loop_devices() as loops:
+    with loop_devices() as loops:
         disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
         async with (
             dra_node(
@@ -61,12 +64,22 @@ async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_cla
                 control_plane,
                 draharness,
                 tmp_path,
-                options=options,
+                options=("--sys-root", "/sys"),
                 host_devices=(f"{disk}*",),
-                fields={"whole-disks": True},
+                fields=fields,
             ) as node,
             powerdev(node),
         ):
+            yield node, disk
+
+
+async def test_the_scheduler_never_allocates_a_disk_and_its_partition_to_two_claims(
+    api, control_plane, draharness, tmp_path
+):
+    with trio.fail_after(LIMIT):
+        async with partitioned(
+            api, control_plane, draharness, tmp_path, **{"whole-disks": True}
+        ) as (node, disk):
             slices = f"{RESOURCE_API}/resourceslices"
             where = (node.name, node.driver, RESOURCE, 0)
             # the pool's counters and devices, as the API server kept them
@@ -105,20 +118,8 @@ async def test_by_default_a_partitioned_disks_partitions_are_its_dra_devices(
 ):
     """Without "whole-disks": the partitions alone, no counters, and a claim
     for all the resource's devices gets both partitions."""
-    require_command("partx", "util-linux")
-    with trio.fail_after(LIMIT), loop_devices() as loops:
-        disk = loops.attach(FIRST, gpt_image(tmp_path / "disk.img"), partitions=True)
-        async with (
-            dra_node(
-                api,
-                control_plane,
-                draharness,
-                tmp_path,
-                options=("--sys-root", "/sys"),
-                host_devices=(f"{disk}*",),
-            ) as node,
-            powerdev(node),
-        ):
+    with trio.fail_after(LIMIT):
+        async with partitioned(api, control_plane, draharness, tmp_path) as (node, disk):
             where = (node.name, node.driver, RESOURCE, 0)
             devices = await api.wait_for(f"{RESOURCE_API}/resourceslices", slice_name(*where))
             published = devices["spec"]["devices"]
