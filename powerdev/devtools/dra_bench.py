@@ -25,10 +25,11 @@ asserts nothing; `--json` writes the figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -286,12 +287,12 @@ async def _prepare_claims(
     )
 
 
-async def run_bench(
-    plan: Plan, json_path: Path | None = None, say: Callable[[str], None] = print
-) -> Results:
+@contextlib.asynccontextmanager
+async def bench_plane(results: Results, say: Callable[[str], None]) -> AsyncIterator[Any]:
+    """The kit's etcd and kube-apiserver in a temp dir, its release and start
+    time in the results' machine lines."""
     from powerdev.devtools.cluster import controlplane
 
-    results = Results(machine=machine())
     tools = kit.find_all(NEEDED)
     with tempfile.TemporaryDirectory(prefix="powerdev-bench-cp-") as tmp:
         say("starting etcd and kube-apiserver of the conformance kit")
@@ -301,12 +302,19 @@ async def run_bench(
             results.machine["api server"] = (
                 f"kube-apiserver {release}, up in {plane.start_seconds:.1f} s"
             )
-            async with asyncio_door():
-                for n in plan.sizes:
-                    say(f"measuring DRA publication with {n} devices")
-                    await measure_publication(plane.kubeconfig, n, plan, results, say)
-                for n in plan.sizes:
-                    say(f"measuring the DRA daemon with {n} device nodes")
-                    await measure_daemon(plane, n, plan, results, say)
+            yield plane
+
+
+async def run_bench(
+    plan: Plan, json_path: Path | None = None, say: Callable[[str], None] = print
+) -> Results:
+    results = Results(machine=machine())
+    async with bench_plane(results, say) as plane, asyncio_door():
+        for n in plan.sizes:
+            say(f"measuring DRA publication with {n} devices")
+            await measure_publication(plane.kubeconfig, n, plan, results, say)
+        for n in plan.sizes:
+            say(f"measuring the DRA daemon with {n} device nodes")
+            await measure_daemon(plane, n, plan, results, say)
     await report(results, json_path, say)
     return results

@@ -39,7 +39,6 @@ from typing import Any
 
 import trio
 
-from powerdev.devtools import kit
 from powerdev.devtools.bench import (
     WAIT_LIMIT,
     Plan,
@@ -50,7 +49,7 @@ from powerdev.devtools.bench import (
     rss_mib,
     spread,
 )
-from powerdev.devtools.dra_bench import NEEDED, SLICES
+from powerdev.devtools.dra_bench import SLICES, bench_plane
 from powerdev.devtools.testing import dra_options, is_root, run_command, stop
 from powerdev.dra.luns import (
     Sighting,
@@ -441,23 +440,13 @@ async def measure_path_change(
 async def run_bench(
     plan: Plan, json_path: Path | None = None, say: Callable[[str], None] = print
 ) -> Results:
-    from powerdev.devtools.cluster import controlplane
-
     results = Results(machine=machine())
-    tools = kit.find_all(NEEDED)
-    with tempfile.TemporaryDirectory(prefix="powerdev-bench-cp-") as tmp:
-        say("starting etcd and kube-apiserver of the conformance kit")
-        async with controlplane.running(Path(tmp), tools, controllers=False) as plane:
-            async with plane.api() as api:
-                release = (await api.get("/version"))["gitVersion"]
-            results.machine["api server"] = (
-                f"kube-apiserver {release}, up in {plane.start_seconds:.1f} s"
-            )
-            say("measuring a path change on a node, to the cluster pool")
-            await measure_path_change(plane, plan.lun_changes, results, say)
-            await clear(plane)
-            say(f"measuring {plan.lun_nodes} simulated nodes and {plan.luns} LUNs")
-            await measure_scale(plane, plan.lun_nodes, plan.luns, plan.lun_changes, results, say)
+    async with bench_plane(results, say) as plane:
+        say("measuring a path change on a node, to the cluster pool")
+        await measure_path_change(plane, plan.lun_changes, results, say)
+        await clear(plane)
+        say(f"measuring {plan.lun_nodes} simulated nodes and {plan.luns} LUNs")
+        await measure_scale(plane, plan.lun_nodes, plan.luns, plan.lun_changes, results, say)
     await report(results, json_path, say)
     return results
 
