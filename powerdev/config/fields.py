@@ -296,6 +296,7 @@ FIELDS_AFTER_CDI: tuple[tuple[str, str, Reader], ...] = (
     ("upper-limit", "upper_limit", _upper_limit),
     ("whole-disks", "whole_disks", _flag),
     ("scope", "scope", _scope),
+    ("shared", "shared", _flag),
 )
 
 
@@ -375,6 +376,14 @@ def _check_mode(entry: Entry, res: dict[str, object]) -> None:
             f'says "api": {json.dumps(api or "device-plugin")}',
             'set "api": "dra", or remove scope (a device plugin cannot keep a LUN to one holder '
             "across nodes)",
+        )
+    if res.get("shared") and res.get("scope", "node") != "cluster":
+        raise entry.error(
+            "shared",
+            "lets several claims hold one LUN at once, which only a resource with "
+            '"scope": "cluster" publishes (one device for the cluster, that the scheduler '
+            "may allocate more than once)",
+            'set "scope": "cluster" (and "api": "dra"), or remove it',
         )
     if api in ("dra", "both"):
         # A DRA device is one device (every name of it): "each" units.

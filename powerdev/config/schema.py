@@ -48,6 +48,7 @@ KNOWN_FIELDS = (
     "api",
     "whole-disks",
     "scope",
+    "shared",
 )
 ENTRY_FIELDS = ("name", "socket")  # a resource of the "resources" list also has these
 ALLOCATIONS = ("all", "each")
@@ -100,6 +101,9 @@ class ResourceConfig:
     whole_disks: bool = False
     # "node": the node's own pool; "cluster": each LUN once for the cluster
     scope: str = "node"
+    # "cluster" only: a LUN may be allocated to several claims at once (for
+    # cluster filesystems, which order their own writes)
+    shared: bool = False
 
     @property
     def dra(self) -> bool:

@@ -40,6 +40,7 @@ class HeldDevice:
     keys: list[Key] = field(default_factory=list)
     identity: str | None = None
     gone: str | None = None  # why it was not written back at start
+    share_id: str | None = None  # which allocation of a device shared by several
 
     @property
     def cdi_name(self) -> str:
@@ -62,6 +63,8 @@ class HeldDevice:
             out["unit"] = self.unit
         if self.gone is not None:
             out["gone"] = self.gone
+        if self.share_id is not None:
+            out["share_id"] = self.share_id
         return out
 
 
@@ -182,6 +185,7 @@ def _device(value: object, where: str) -> HeldDevice:
         keys=[(k[0], k[1], k[2]) for k in keys],
         identity=_optional_string(d, "identity", where),
         gone=_optional_string(d, "gone", where),
+        share_id=_optional_string(d, "share_id", where),
     )
 
 

@@ -29,6 +29,11 @@ and a device a claim holds stays Unhealthy under any other holder (the
 device plugin side of an "api": "both" resource included) until the claim
 is unprepared.
 
+The claims of a resource whose LUNs are shared ("shared": true, "scope":
+"cluster") hold each device together, as one holder (SHARED_CLAIMS): a
+second claim of it is prepared beside the first, anything else waits
+until the last of them is unprepared.
+
 A device a claim gets with admin access (`adminAccess: true` in its
 request, for monitoring and diagnosis) is no holder: it is prepared
 though other claims hold the device (present and healthy still), and it
@@ -63,7 +68,7 @@ from powerdev.dra.luns import pool_of
 from powerdev.dra.names import device_name
 from powerdev.resources.allocation import by_unit
 from powerdev.resources.cdi import CDI_VERSION, device_node, write_atomically
-from powerdev.resources.ownership import DRA, Ledger
+from powerdev.resources.ownership import DRA, SHARED_CLAIMS, Ledger
 from powerdev.resources.plugin import Plugin
 
 log = logging.getLogger(__name__)
@@ -111,6 +116,7 @@ class Prepared:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str | None = None  # the allocation's, of a device shared by several
 
 
 class PrepareError(Exception):
@@ -427,7 +433,7 @@ class Claims:
                     )
                 await self._ensure_spec(claim.uid, held)
             return [
-                Prepared(_base_requests(d.requests), d.pool, d.device, tuple(d.cdi_ids))
+                Prepared(_base_requests(d.requests), d.pool, d.device, tuple(d.cdi_ids), d.share_id)
                 for d in held.devices
             ]
 
@@ -525,7 +531,8 @@ class Claims:
             unit_id, names = found
             admin = bool(result.get("adminAccess"))
             # admin access is no holder: it may reach a device others hold
-            why = None if admin else self._blocked(plugin, unit_id, names, ref.uid)
+            holder = SHARED_CLAIMS if plugin.resource.shared else ref.uid
+            why = None if admin else self._blocked(plugin, unit_id, names, holder)
             if why is not None:
                 raise PrepareError(
                     f"{where}: device {result['device']} of pool {result['pool']} {why}; "
@@ -548,6 +555,7 @@ class Claims:
                     admin=admin,
                     keys=sorted({d.key for d in names}),
                     identity=names[0].identity,
+                    share_id=result.get("shareID"),
                 )
             )
         spec = {
@@ -567,7 +575,7 @@ class Claims:
             blocked = self.ledger.blocking(device.key, plugin.resource, unit, claim=uid)
             if blocked is not None:
                 kin, holder = blocked
-                if holder.api == DRA and holder.claim is not None:
+                if holder.api == DRA and holder.claim not in (None, SHARED_CLAIMS):
                     other = self._claim_name(holder.claim)
                     what = "it" if kin == device.key else self.ledger.name_of(kin)
                     return (
@@ -582,14 +590,30 @@ class Claims:
         return f"{held.namespace}/{held.name}" if held is not None else uid
 
     def _tell_ledger(self, uid: str, held: HeldClaim | None, *, prepared: bool) -> None:
+        """The claim's devices held in the ledger, or let go (those of a
+        shared resource once no other claim of it holds them: `uid` is no
+        longer in _held then)."""
         if self.ledger is None:
             return
+        shared = {p.resource.name for p in self.plugins() if p.resource.shared}
         if not prepared or held is None:
             self.ledger.unclaimed(uid)
+            for d in held.devices if held is not None else ():
+                if d.resource in shared and d.unit is not None and not self._sharers(d):
+                    self.ledger.unclaimed(SHARED_CLAIMS, (d.resource, d.unit))
             return
         for d in held.devices:
             if d.resource is not None and d.unit is not None and not d.admin:
-                self.ledger.claimed(d.resource, d.unit, d.keys, uid)
+                holder = SHARED_CLAIMS if d.resource in shared else uid
+                self.ledger.claimed(d.resource, d.unit, d.keys, holder)
+
+    def _sharers(self, device: HeldDevice) -> bool:
+        """Whether a prepared claim still holds this unit of its resource."""
+        return any(
+            (d.resource, d.unit) == (device.resource, device.unit) and not d.admin
+            for held in self._held.values()
+            for d in held.devices
+        )
 
     async def _ensure_spec(self, uid: str, held: HeldClaim, *, again: bool = False) -> None:
         path = self.spec_path(uid)

@@ -26,6 +26,7 @@ from powerdev.dra.luns import (
     cluster_slices,
     merge,
     parse_report,
+    sharing_conflict,
 )
 from powerdev.support.backoff import Backoff
 
@@ -185,8 +186,11 @@ class Controller:
         resources = sorted({r.resource for r in live} | set(self._pools))
         for resource in resources:
             devices, conflicts = merge(resource, live, self._hostnames)
-            for conflict in conflicts:
-                text = conflict.describe()
+            said = [c.describe() for c in conflicts]
+            disagreed = sharing_conflict(resource, live)
+            if disagreed is not None:
+                said.append(disagreed)
+            for text in said:
                 if text not in self._said:
                     self._said.add(text)
                     log.error("luns: %s: %s", resource, text)

@@ -59,7 +59,9 @@ async def keep_reported(
             assert tracker is not None  # a served resource has its tracker
             found = sightings(units, tracker.condition_of, device_name)
             heartbeat += 1
-            body = report_body(namespace, node, driver, name, found, heartbeat)
+            body = report_body(
+                namespace, node, driver, name, found, heartbeat, plugin.resource.shared
+            )
             try:
                 await api.apply_report(body)
             except Exception as err:  # the API server: unreachable, refusing

@@ -17,7 +17,9 @@ names exactly the nodes that report it (by their kubernetes.io/hostname
 label). A LUN whose size, vendor or model
 differs between nodes is merged only over the nodes that agree with the
 most others; the rest are conflicts (said, not merged); a tie merges
-nobody. cluster_slices() packs the devices into the pool's slices, with
+nobody. A resource whose every node says "shared": true has devices
+that may be allocated to several claims at once (allowMultipleAllocations).
+cluster_slices() packs the devices into the pool's slices, with
 perDeviceNodeSelection.
 """
 
@@ -160,9 +162,11 @@ def report_body(
     resource_name: str,
     found: Sequence[Sighting],
     heartbeat: int,
+    shared: bool = False,
 ) -> dict[str, Any]:
     """The node's report of a resource, as a ConfigMap. `heartbeat` changes
-    at every write, so the controller sees the node alive."""
+    at every write, so the controller sees the node alive; `shared`: the
+    node's config says "shared": true for the resource."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -176,6 +180,7 @@ def report_body(
             "driver": driver,
             "resource": resource_name,
             "heartbeat": str(heartbeat),
+            "shared": "true" if shared else "false",
             "luns": json.dumps([s.to_json() for s in found], separators=(",", ":")),
         },
     }
@@ -187,6 +192,7 @@ class Report:
     driver: str
     resource: str
     luns: tuple[Sighting, ...]
+    shared: bool = False
 
 
 def parse_report(body: Mapping[str, Any]) -> Report:
@@ -202,7 +208,11 @@ def parse_report(body: Mapping[str, Any]) -> Report:
         raise ValueError(f"its luns are not JSON ({err})") from None
     if not isinstance(luns, list):
         raise ValueError("its luns are not a list")
-    return Report(node, driver, resource, tuple(Sighting.from_json(v) for v in luns))
+    shared = data.get("shared", "false")
+    if shared not in ("true", "false"):
+        raise ValueError(f'its shared is {shared!r}, not "true" or "false"')
+    sighted = tuple(Sighting.from_json(v) for v in luns)
+    return Report(node, driver, resource, sighted, shared == "true")
 
 
 @dataclass(frozen=True)
@@ -256,9 +266,9 @@ def merge(
     (matchFields on metadata.name) takes one value only, and the allocator
     takes a selector of one term only."""
     seen: dict[str, dict[str, Sighting]] = {}
-    for report in reports:
-        if report.resource != resource_name:
-            continue
+    mine = [r for r in reports if r.resource == resource_name]
+    shared = sharing(mine)
+    for report in mine:
         for s in report.luns:
             seen.setdefault(s.device, {})[report.node] = s
     devices, conflicts = [], []
@@ -278,11 +288,34 @@ def merge(
             continue
         labels = sorted({hostnames[n] for n in nodes if n in hostnames})
         if labels:
-            devices.append(_device(resource_name, name, seen[name][nodes[0]], labels))
+            devices.append(_device(resource_name, name, seen[name][nodes[0]], labels, shared))
     return devices, conflicts
 
 
-def _device(resource_name: str, name: str, s: Sighting, hosts: Sequence[str]) -> dict[str, Any]:
+def sharing(reports: Sequence[Report]) -> bool:
+    """Whether a resource's LUNs are shared: when every node that reports
+    it says so. One node whose config says otherwise keeps them to one
+    claim at a time (the safe side: a LUN handed to two claims cannot be
+    taken back from one)."""
+    return bool(reports) and all(r.shared for r in reports)
+
+
+def sharing_conflict(resource_name: str, reports: Iterable[Report]) -> str | None:
+    """What to say when some nodes report the resource shared and others
+    not; None when they agree."""
+    mine = [r for r in reports if r.resource == resource_name]
+    apart = sorted(r.node for r in mine if not r.shared)
+    if not apart or len(apart) == len(mine):
+        return None
+    return (
+        f'nodes {", ".join(apart)} do not say "shared": true for it as the others do: its '
+        "LUNs go to one claim at a time until every node's config.json says the same"
+    )
+
+
+def _device(
+    resource_name: str, name: str, s: Sighting, hosts: Sequence[str], shared: bool = False
+) -> dict[str, Any]:
     attributes: dict[str, dict[str, Any]] = {
         "resource": {"string": resource_name},
         "kind": {"string": "block"},
@@ -306,8 +339,14 @@ def _device(resource_name: str, name: str, s: Sighting, hosts: Sequence[str]) ->
     }
     if s.size is not None:
         device["capacity"] = {"size": {"value": str(s.size)}}
-    # One holder: the claim's allocation names the one node it was allocated
-    # for, so the pods that share one claim all run there.
+        if shared:
+            # A claim that asks for no part of the size consumes none of it
+            # (unset, it would consume all of it: one claim again).
+            device["capacity"]["size"]["requestPolicy"] = {"default": "0"}
+    if shared:
+        device["allowMultipleAllocations"] = True
+    # The claim's allocation names the one node it was allocated for, so the
+    # pods that share one claim all run there.
     device["bindsToNode"] = True
     return device
 

@@ -193,6 +193,8 @@ def describe_resource(resource: Any) -> str:
             continue  # the default, and DRA's only
         if item.name == "scope" and value == "node":
             continue  # the default: the node's own pool
+        if item.name == "shared" and not value:
+            continue  # the default, and a cluster scope's only
         shown.append(f"{setting_name(item.name)} {setting_value(item.name, value)}")
     return ", ".join(shown)
 

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]  # kind, major, minor
 DEVICE_PLUGIN, DRA = "device-plugin", "dra"  # through which API a holder got it
+# The claim of the one holder that every claim of a shared LUN's unit is
+# ("shared": true): they hold it together, and nothing else does meanwhile.
+SHARED_CLAIMS = "*"
 # What the kubelet's PodResources says: resource name -> device ID -> the
 # pods ("namespace/name") that hold it.
 PodsSay = Mapping[str, Mapping[str, Collection[str]]]
@@ -78,7 +81,12 @@ class Holder:
 
     def __str__(self) -> str:
         if self.api == DRA:
-            through = f"ResourceClaim {self.claim}" if self.claim else "a ResourceClaim"
+            if self.claim == SHARED_CLAIMS:
+                through = "the ResourceClaims that share it"
+            elif self.claim:
+                through = f"ResourceClaim {self.claim}"
+            else:
+                through = "a ResourceClaim"
         else:
             through = "the device plugin API"
         if self.unit is None:
@@ -336,9 +344,14 @@ class Ledger:
             self._dirty[key] = None  # its own resource's other side rules again too
         self.settle()
 
-    def unclaimed(self, claim: str) -> None:
-        """That claim is unprepared: its devices are free."""
-        for holder in [h for h in self._by_holder if h.claim == claim]:
+    def unclaimed(self, claim: str, unit: tuple[str, str] | None = None) -> None:
+        """That claim is unprepared: its devices are free (`unit`: only
+        those it holds as this (resource, unit))."""
+        for holder in [
+            h
+            for h in self._by_holder
+            if h.claim == claim and (unit is None or (h.resource, h.unit) == unit)
+        ]:
             for key in sorted(self._by_holder.get(holder, ())):
                 log.info("%s: %s is unprepared", self.name_of(key), holder)
                 self._release(key)

@@ -137,6 +137,7 @@ def _node_service(api: ModuleType, claims: Claims, watch: HealthWatch) -> object
                                 pool_name=d.pool,
                                 device_name=d.device,
                                 cdi_device_ids=list(d.cdi_ids),
+                                **({"share_id": d.share_id} if d.share_id and api is v1 else {}),
                             )
                             for d in answer
                         ]

@@ -96,11 +96,13 @@ async def lun_node(
     minor: int,
     blocks: int = 2048,
     interval: float | None = None,
+    fields: dict | None = None,
 ) -> AsyncIterator[LunNode]:
     """A Ready Node (tainted for this test's pods only), the harness as its
     kubelet, and `powerdev run` with the LUN at /dev/mapper/mpatha
-    (253:<minor>, `blocks` long) in a resource with "scope": "cluster",
-    reporting at least every `interval` seconds (the default: 10)."""
+    (253:<minor>, `blocks` long) in a resource with "scope": "cluster"
+    (and `fields`), reporting at least every `interval` seconds (the
+    default: 10)."""
     name = f"lun-{secrets.token_hex(3)}"
     await api.create_node(name, taints=[{"key": TAINT, "value": namespace, "effect": "NoSchedule"}])
     states = lun_tree(root / "sys", minor, blocks)
@@ -113,6 +115,7 @@ async def lun_node(
         "include-devices": ["/dev/mapper/*"],
         "device-gid": GID,
         "device-mode": f"{MODE:04o}",
+        **(fields or {}),
     }
     config.write_text(json.dumps({"resources": [entry]}))
     registry, plugins, state = dirs(root)
@@ -176,7 +179,11 @@ def selected(item: dict) -> dict[str, list[str]]:
     return found
 
 
-async def claim_and_pod(api: Api, namespace: str, name: str, device_class: str) -> None:
+async def claim_and_pod(
+    api: Api, namespace: str, name: str, device_class: str, on: str | None = None
+) -> None:
+    """A claim for one device of the class, and a pod using it (on node
+    `on`, by its hostname label, else where the scheduler puts it)."""
     claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
     exactly = {"deviceClassName": device_class, "count": 1}
     await api.create(
@@ -193,8 +200,23 @@ async def claim_and_pod(api: Api, namespace: str, name: str, device_class: str) 
         container("c0", {"claims": [{"name": "dev"}]}),
         resourceClaims=[{"name": "dev", "resourceClaimName": name}],
         tolerations=[{"key": TAINT, "operator": "Equal", "value": namespace}],
+        **({"nodeSelector": {"kubernetes.io/hostname": on}} if on else {}),
     )
     await api.create_pod(namespace, body)
+
+
+async def lun_class(api: Api, name: str, driver: str) -> None:
+    """A DeviceClass of the resource's devices of that driver."""
+    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
+    await api.create(
+        f"{RESOURCE_API}/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": cel}}]},
+        },
+    )
 
 
 def unschedulable(p: dict) -> bool:
@@ -213,16 +235,7 @@ async def test_a_lun_two_nodes_see_is_one_device_one_claim_at_a_time_on_a_node_t
     namespace = f"luns-{secrets.token_hex(3)}"
     driver = f"{namespace}.powerdev.test"
     await api.create_namespace(namespace)
-    cel = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{RESOURCE}"'
-    await api.create(
-        f"{RESOURCE_API}/deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": namespace},
-            "spec": {"selectors": [{"cel": {"expression": cel}}]},
-        },
-    )
+    await lun_class(api, namespace, driver)
     first = cluster_slice_name(driver, RESOURCE, 0)
     with trio.fail_after(LIMIT):
         async with (
@@ -519,3 +532,61 @@ async def test_a_node_restarted_after_going_silent_comes_back_at_once_whatever_i
                 await api.wait_for(
                     SLICES, first, lambda s: list(selected(s).values()) == [[a.name]]
                 )
+
+
+async def test_a_shared_lun_goes_to_claims_on_two_nodes_and_to_two_claims_on_one(
+    api, control_plane, draharness, tmp_path
+):
+    """With "shared": true on both nodes the LUN may be allocated more than
+    once: two claims, pinned to A and B, both get it, and each node
+    prepares its own device; a third claim beside the first on A is
+    prepared too (the claims hold it together). The first let go, the
+    third's stays as it was."""
+    cdicheck = require_tool(CDICHECK)
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    await lun_class(api, namespace, driver)
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    shared = {"shared": True}
+    claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3, fields=shared,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7, fields=shared,
+            ) as b,
+            luns_controller(control_plane, namespace, driver),
+        ):  # fmt: skip
+            both = sorted([a.name, b.name])
+            item = await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+            (device,) = item["spec"]["devices"]
+            assert device["allowMultipleAllocations"] is True
+            # a claim that asks for no part of the size takes none of it
+            size = {"value": str(2048 * 512), "requestPolicy": {"default": "0"}}
+            assert device["capacity"] == {"size": size}
+
+            for name, node in (("on-a", a), ("on-b", b), ("beside", a)):
+                await claim_and_pod(api, namespace, name, namespace, on=node.name)
+                bound = await api.wait_for(pods, name, lambda p: bool(p["spec"].get("nodeName")))
+                assert bound["spec"]["nodeName"] == node.name
+                claim = await api.get(f"{claims}/{name}")
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                assert result["device"] == device["name"]
+                assert result.get("shareID")  # one share of the device each
+
+            prepared = {}
+            for name, node in (("on-a", a), ("on-b", b), ("beside", a)):
+                prepared[name] = await node.harness.prepare(namespace, name)
+                resolved = inject(cdicheck, [node.cdi], prepared[name]["c0"])
+                assert resolved["ok"], resolved
+                numbers = [(d["type"], d["major"], d["minor"]) for d in resolved["linuxDevices"]]
+                assert numbers == [("b", 253, node.minor)]
+
+            await a.harness.unprepare(namespace, "on-a")
+            assert await a.harness.prepare(namespace, "beside") == prepared["beside"]

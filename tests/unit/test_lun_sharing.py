@@ -1,0 +1,145 @@
+"""LUNs for cluster filesystems ("shared": true with "scope": "cluster"):
+the config's rule, the report's flag, the merge that shares a resource's
+LUNs only when every node says so, and the node's ledger, in which the
+claims of a shared LUN hold it together."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from powerdev.config import ConfigError, ResourceConfig, parse_config
+from powerdev.devices.inventory import Inventory
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.luns import (
+    Report,
+    cluster_pool_name,
+    merge,
+    parse_report,
+    report_body,
+    sharing_conflict,
+)
+from powerdev.resources.ownership import SHARED_CLAIMS, Ledger
+from powerdev.resources.plugin import Plugin
+from tests.unit.test_both import DRIVER, NODE, RESOURCE, device
+from tests.unit.test_luns import HOSTS, LUN
+
+POOL = cluster_pool_name(RESOURCE)
+
+
+def config(**fields) -> ResourceConfig:
+    entry = {"name": "r/lun", "include-devices": ["/dev/mapper/*"], **fields}
+    (resource,) = parse_config(json.dumps({"resources": [entry]}), source="config.json").resources
+    return resource
+
+
+def test_shared_is_for_luns_published_once_for_the_cluster():
+    assert config(api="dra", scope="cluster", shared=True).shared
+    assert not config(api="dra", scope="cluster").shared
+    with pytest.raises(ConfigError, match=r"resources\[0\]\.shared.*set \"scope\": \"cluster\""):
+        config(api="dra", shared=True)
+    with pytest.raises(ConfigError, match=r"resources\[0\]\.shared': is a JSON string"):
+        config(api="dra", scope="cluster", shared="yes")
+
+
+def test_a_report_says_whether_its_nodes_config_shares_the_resource():
+    body = report_body("ns", "a", "d", "r/lun", [LUN], 7, shared=True)
+    assert body["data"]["shared"] == "true"
+    assert parse_report(body).shared
+    assert not parse_report(report_body("ns", "a", "d", "r/lun", [LUN], 7)).shared
+    older = report_body("ns", "a", "d", "r/lun", [LUN], 7)
+    del older["data"]["shared"]  # a powerdev from before "shared": one claim at a time
+    assert not parse_report(older).shared
+    older["data"]["shared"] = "yes"
+    with pytest.raises(ValueError, match="its shared is 'yes'"):
+        parse_report(older)
+
+
+def test_a_luns_device_is_shared_only_when_every_node_says_so():
+    def shared_by(*nodes: str) -> list[Report]:
+        return [Report(n, "d", "r/lun", (LUN,), n in nodes) for n in ("a", "b")]
+
+    (device,), _ = merge("r/lun", shared_by("a", "b"), HOSTS)
+    assert device["allowMultipleAllocations"] is True
+    # unset, a claim would consume the whole size: one claim again
+    assert device["capacity"]["size"]["requestPolicy"] == {"default": "0"}
+    assert sharing_conflict("r/lun", shared_by("a", "b")) is None
+
+    (device,), _ = merge("r/lun", shared_by("a"), HOSTS)
+    assert "allowMultipleAllocations" not in device
+    assert device["capacity"] == {"size": {"value": str(LUN.size)}}
+    said = sharing_conflict("r/lun", shared_by("a"))
+    assert said is not None and said.startswith('nodes b do not say "shared": true')
+    assert sharing_conflict("r/lun", shared_by()) is None  # exclusive everywhere: nothing to say
+
+
+def node(tmp_path, *, shared: bool) -> tuple[Plugin, Claims, dict]:
+    resource = ResourceConfig(
+        name=RESOURCE, api="dra", allocation="each", scope="cluster", shared=shared
+    )
+    ledger = Ledger()
+    plugin = Plugin(resource, Inventory([device("u1", 16)]), refresh=None, spec=None, ledger=ledger)
+    allocated: dict = {}
+
+    class Api:
+        async def claim(self, namespace: str, name: str) -> dict | None:
+            return allocated.get((namespace, name))
+
+    claims = Claims(
+        DRIVER, NODE, Api(), lambda: [plugin], tmp_path / "cdi", tmp_path / "state", ledger
+    )
+    return plugin, claims, allocated
+
+
+def allocate(allocated: dict, name: str, uid: str) -> ClaimRef:
+    result = {"request": "r", "driver": DRIVER, "pool": POOL, "device": "u1", "shareID": uid[::-1]}
+    allocated[("ns", name)] = {
+        "metadata": {"uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    return ClaimRef("ns", name, uid)
+
+
+def holder(plugin: Plugin):
+    (only,) = plugin.inventory.current.devices
+    assert plugin.ledger is not None
+    return plugin.ledger.holder_of(only.key)
+
+
+async def test_the_claims_of_a_shared_lun_hold_it_together_until_the_last_lets_go(tmp_path):
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    one = allocate(allocated, "one", "uid-1")
+    two = allocate(allocated, "two", "uid-2")
+    (first,) = await claims.prepare(one)
+    (second,) = await claims.prepare(two)
+    assert (first.share_id, second.share_id) == ("1-diu", "2-diu")  # each its own share
+    assert holder(plugin).claim == SHARED_CLAIMS
+    assert "the ResourceClaims that share it" in str(holder(plugin))
+    await claims.unprepare(one)
+    assert holder(plugin).claim == SHARED_CLAIMS  # "two" still has it
+    await claims.unprepare(two)
+    assert holder(plugin) is None
+
+
+async def test_a_restart_holds_a_shared_lun_for_its_claims_and_keeps_their_shares(tmp_path):
+    _, claims, allocated = node(tmp_path, shared=True)
+    await claims.prepare(allocate(allocated, "one", "uid-1"))
+    await claims.prepare(allocate(allocated, "two", "uid-2"))
+    plugin, again, allocated = node(tmp_path, shared=True)
+    await again.load()
+    assert holder(plugin).claim == SHARED_CLAIMS
+    (prepared,) = await again.prepare(ClaimRef("ns", "two", "uid-2"))
+    assert prepared.share_id == "2-diu"  # from the checkpoint: the API server is not asked
+    await again.unprepare(ClaimRef("ns", "one", "uid-1"))
+    assert holder(plugin).claim == SHARED_CLAIMS
+    await again.unprepare(ClaimRef("ns", "two", "uid-2"))
+    assert holder(plugin) is None
+
+
+async def test_an_exclusive_lun_is_still_one_claims(tmp_path):
+    plugin, claims, allocated = node(tmp_path, shared=False)
+    await claims.prepare(allocate(allocated, "one", "uid-1"))
+    with pytest.raises(PrepareError, match="still prepared for ResourceClaim ns/one"):
+        await claims.prepare(allocate(allocated, "two", "uid-2"))
+    assert holder(plugin).claim == "uid-1"
