@@ -1,7 +1,8 @@
 """The API server, as LUNs seen by several nodes need it: the nodes'
-report ConfigMaps (apply, delete, list, watch), the cluster pool's
-ResourceSlices (list, apply, delete) and the controller's Lease (get,
-create, replace with its resourceVersion). lightkube's async client, as
+report ConfigMaps (apply, delete, list, watch), the Nodes (list, watch:
+their hostname labels and readiness), the cluster pool's ResourceSlices
+(list, apply, delete) and the controller's Lease (get, create, replace
+with its resourceVersion). lightkube's async client, as
 kubeapi.py's; imported only by lun_report.py and lun_controller.py."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from powerdev.dra.kubeapi import KubeApi, delete_if_there, get_or_none
-from powerdev.dra.luns import HOSTNAME_LABEL, REPORT_LABEL
+from powerdev.dra.kubeapi import PAGE, KubeApi, delete_if_there, get_or_none
+from powerdev.dra.luns import REPORT_LABEL, NodeSeen, node_seen
 
 
 class Conflict(Exception):
@@ -56,12 +57,27 @@ class LunApi:
         ):
             yield op, item.to_dict()
 
-    async def hostname_label(self, node: str) -> str | None:
-        """The node's kubernetes.io/hostname label; None: no such node or label."""
-        found = await get_or_none(self._api, Node, node)
-        if found is None or found.metadata is None:
-            return None
-        return (found.metadata.labels or {}).get(HOSTNAME_LABEL)
+    # the Nodes: their hostname labels and readiness
+
+    async def nodes(self) -> tuple[dict[str, NodeSeen], str | None]:
+        """Every Node (name -> its label and readiness), and the list's
+        resourceVersion, where a watch of what changes next starts."""
+        listing = self._api.list(Node, chunk_size=PAGE * 50)
+        found = {}
+        async for item in listing:
+            body = item.to_dict()
+            found[body["metadata"]["name"]] = node_seen(body)
+        return found, listing.resourceVersion
+
+    async def watch_nodes(
+        self, resource_version: str | None
+    ) -> AsyncIterator[tuple[str, str, NodeSeen, str | None]]:
+        """Each change to a Node after `resource_version`: (ADDED, MODIFIED
+        or DELETED, its name, its label and readiness, its resourceVersion)."""
+        async for op, item in self._api.watch(Node, resource_version=resource_version):
+            body = item.to_dict()
+            meta = body["metadata"]
+            yield op, meta["name"], node_seen(body), meta.get("resourceVersion")
 
     # the cluster pool
 

@@ -2,8 +2,10 @@
 nodes see. While it holds the Lease (lease.py) it lists the nodes' report
 ConfigMaps, watches them, and publishes for each resource one pool,
 "cluster/luns/<resource>" (luns.merge, luns.cluster_slices), written
-again when a report changes or a node's report has not changed for `ttl`
-seconds (its heartbeat stopped: the node leaves every selection). A pool
+again when a report changes, a node's report has not changed for `ttl`
+seconds (its heartbeat stopped: the node leaves every selection), or a
+reporting node's Node changes readiness or label (it watches the Nodes:
+a NotReady node leaves every selection at once). A pool
 whose devices are what the server already has is not written: a new
 leader that finds the pool right writes nothing. Every change is a new
 generation written to every slice of the pool, and slices no longer
@@ -21,6 +23,7 @@ from powerdev.dra.lun_api import LunApi
 from powerdev.dra.luns import (
     HOSTNAME_LABEL,
     REPORT_LABEL,
+    NodeSeen,
     Report,
     cluster_pool_name,
     cluster_slices,
@@ -55,7 +58,8 @@ class Controller:
     _pools: dict[str, _Pool] = field(default_factory=dict)  # by resource name
     _said: set[str] = field(default_factory=set)  # conflicts said
     _unsure: bool = False  # a write failed: what the pools hold is read again first
-    _hostnames: dict[str, str] = field(default_factory=dict)  # node -> its hostname label
+    _nodes: dict[str, NodeSeen] = field(default_factory=dict)  # every Node, by name
+    _node_said: dict[str, str] = field(default_factory=dict)  # a reporting node's trouble
     _backoff: Backoff = field(default_factory=lambda: Backoff(*RETRY))
     writes: int = 0  # slices applied or deleted, since it was made
     passes: int = 0  # merges of every report
@@ -64,10 +68,12 @@ class Controller:
         """Keep the cluster pools right until cancelled (while leading)."""
         self._reports.clear()
         self._pools.clear()
+        nodes_version = await self._load_nodes()  # before any merge: none would be selected
         version = await self._load()
         await self._recall()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, version)
+            nursery.start_soon(self._watch_nodes, nodes_version)
             first = True
             while True:
                 self._changed = trio.Event()
@@ -157,6 +163,64 @@ class Controller:
                     continue
                 self._changed.set()
 
+    async def _load_nodes(self) -> str | None:
+        """Every Node's label and readiness now; the resourceVersion to
+        watch from."""
+        self._nodes, version = await self.api.nodes()
+        return version
+
+    async def _watch_nodes(self, version: str | None) -> None:
+        """A Node that goes NotReady (the node lifecycle controller marks it
+        Unknown once its kubelet is silent), is deleted or loses its label
+        leaves every selection at once; back, it is named again."""
+        backoff = Backoff(*RETRY)
+        while True:
+            try:
+                async for op, name, seen, at in self.api.watch_nodes(version):
+                    backoff.reset()
+                    version = at or version
+                    was = self._nodes.get(name)
+                    if op == "DELETED":
+                        self._nodes.pop(name, None)
+                    else:
+                        self._nodes[name] = seen
+                    if self._nodes.get(name) != was and self._reports_of(name):
+                        self._changed.set()
+            except Exception as err:  # the watch ended, its version too old: list again
+                log.warning("luns: watching the nodes: %s: listing them again", err)
+                await trio.sleep(backoff.next())
+                try:
+                    version = await self._load_nodes()
+                except Exception as again:
+                    log.warning("luns: cannot list the nodes (%s)", again)
+                    continue
+                self._changed.set()
+
+    def _reports_of(self, node: str) -> bool:
+        return any(r.node == node for r, _, _ in self._reports.values())
+
+    def _hostnames(self, live: list[Report]) -> dict[str, str]:
+        """The label of each reporting node that may be selected now; each
+        that may not is said once, and again when it may."""
+        hostnames = {}
+        for node in sorted({r.node for r in live}):
+            seen = self._nodes.get(node)
+            if seen is None:
+                trouble = "has no Node object: none of its LUNs can be selected for it"
+            elif seen.label is None:
+                trouble = f"has no {HOSTNAME_LABEL} label: none of its LUNs can be selected for it"
+            elif not seen.ready:
+                trouble = "is not Ready: it is left out of every LUN's selection until it is"
+            else:
+                hostnames[node] = seen.label
+                if self._node_said.pop(node, None) is not None:
+                    log.info("luns: node %s may be selected again", node)
+                continue
+            if self._node_said.get(node) != trouble:
+                self._node_said[node] = trouble
+                log.error("luns: node %s %s", node, trouble)
+        return hostnames
+
     def _live(self) -> list[Report]:
         now = trio.current_time()
         return [r for r, seen, _ in self._reports.values() if now - seen <= self.ttl]
@@ -173,19 +237,10 @@ class Controller:
             await self._recall()
             self._unsure = False
         live = self._live()
-        for node in sorted({r.node for r in live} - set(self._hostnames)):
-            label = await self.api.hostname_label(node)
-            if label is None:
-                log.error(
-                    "luns: node %s has no %s label: none of its LUNs can be selected for it",
-                    node,
-                    HOSTNAME_LABEL,
-                )
-            else:
-                self._hostnames[node] = label
+        hostnames = self._hostnames(live)
         resources = sorted({r.resource for r in live} | set(self._pools))
         for resource in resources:
-            devices, conflicts = merge(resource, live, self._hostnames)
+            devices, conflicts = merge(resource, live, hostnames)
             said = [c.describe() for c in conflicts]
             disagreed = sharing_conflict(resource, live)
             if disagreed is not None:

@@ -256,6 +256,25 @@ def wwid_of(identity: str) -> str | None:
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
+@dataclass(frozen=True)
+class NodeSeen:
+    """What the cluster pool needs of a Node: its kubernetes.io/hostname
+    label (what a LUN's node selection names) and whether it is Ready."""
+
+    label: str | None
+    ready: bool
+
+
+def node_seen(body: Mapping[str, Any]) -> NodeSeen:
+    """A Node's label and readiness: Ready only with a Ready condition whose
+    status is "True" (a node just registered has none yet; the node
+    lifecycle controller sets it "Unknown" once the kubelet goes silent)."""
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    conditions = (body.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return NodeSeen(labels.get(HOSTNAME_LABEL), ready)
+
+
 def merge(
     resource_name: str, reports: Iterable[Report], hostnames: Mapping[str, str]
 ) -> tuple[list[dict[str, Any]], list[Conflict]]:

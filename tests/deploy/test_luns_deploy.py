@@ -72,7 +72,8 @@ CONTROLLER_CALLS = {
     ("resourceslices", "create", False),
     ("resourceslices", "patch", False),
     ("resourceslices", "delete", False),
-    ("nodes", "get", False),
+    ("nodes", "list", False),
+    ("nodes", "watch", False),
 }
 # And for a node's powerdev, its reports: a server-side apply, a delete.
 NODE_CALLS = {("configmaps", "create"), ("configmaps", "patch"), ("configmaps", "delete")}
@@ -199,7 +200,7 @@ async def test_each_account_may_make_its_calls_and_no_other(api, applied):
             ("delete", "leases", NAMESPACE),
             ("get", "leases", "kube-system"),
             ("update", "resourceslices", ""),
-            ("list", "nodes", ""),
+            ("get", "nodes", ""),
             ("patch", "nodes", ""),
         ]:
             await ask(controller, verb, resource, where, False)

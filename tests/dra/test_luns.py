@@ -590,3 +590,40 @@ async def test_a_shared_lun_goes_to_claims_on_two_nodes_and_to_two_claims_on_one
 
             await a.harness.unprepare(namespace, "on-a")
             assert await a.harness.prepare(namespace, "beside") == prepared["beside"]
+
+
+def ready(status: str) -> dict:
+    """A Node status whose Ready condition says `status`."""
+    condition = {"type": "Ready", "status": status, "reason": "Test", "message": "set by the test"}
+    return {"status": {"conditions": [condition]}}
+
+
+async def test_a_node_that_goes_not_ready_leaves_the_selection_though_its_powerdev_reports(
+    api, control_plane, draharness, tmp_path
+):
+    """A's kubelet gone (its Ready condition Unknown, as the node lifecycle
+    controller sets it) while its powerdev still writes its report: A leaves
+    the LUN's selection at once, not after the ttl, and is named again
+    once Ready."""
+    namespace = f"luns-{secrets.token_hex(3)}"
+    driver = f"{namespace}.powerdev.test"
+    await api.create_namespace(namespace)
+    first = cluster_slice_name(driver, RESOURCE, 0)
+    with trio.fail_after(LIMIT):
+        async with (
+            lun_node(
+                api, control_plane, draharness, tmp_path / "a",
+                driver=driver, namespace=namespace, minor=3,
+            ) as a,
+            lun_node(
+                api, control_plane, draharness, tmp_path / "b",
+                driver=driver, namespace=namespace, minor=7,
+            ) as b,
+            luns_controller(control_plane, namespace, driver, "--report-ttl", "3600"),
+        ):  # fmt: skip
+            both = sorted([a.name, b.name])
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
+            await api.merge_patch(f"/api/v1/nodes/{a.name}/status", ready("Unknown"))
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [[b.name]])
+            await api.merge_patch(f"/api/v1/nodes/{a.name}/status", ready("True"))
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from powerdev.dra.lun_controller import Controller
-from powerdev.dra.luns import Sighting, report_body
+from powerdev.dra.luns import NodeSeen, Sighting, report_body
 
 LUN = Sighting("lun-0", "DM_UUID=mpath-3600a", 2, 1 << 30, "IBM", "2145")
 TTL = 30.0
@@ -28,6 +28,9 @@ class FakeApi:
         self.send, self.events = trio.open_memory_channel[tuple[str, dict[str, Any]]](10)
         self.slices: dict[str, dict[str, Any]] = {}
         self.applied = trio.Event()
+        # every reporting node a Ready Node labelled with its own name
+        self.nodes_seen = {b["data"]["node"]: NodeSeen(b["data"]["node"], True) for b in bodies}
+        self.node_send, self.node_events = trio.open_memory_channel[tuple](10)
 
     async def reports(self, namespace: str) -> tuple[list[dict[str, Any]], str]:
         return list(self.bodies.values()), str(self.version)
@@ -41,8 +44,12 @@ class FakeApi:
         async for event in self.events:
             yield event
 
-    async def hostname_label(self, node: str) -> str:
-        return node
+    async def nodes(self) -> tuple[dict[str, NodeSeen], str]:
+        return dict(self.nodes_seen), "50"
+
+    async def watch_nodes(self, resource_version: str | None) -> AsyncIterator[tuple]:
+        async for event in self.node_events:
+            yield event
 
     async def cluster_slices(self, driver: str, prefix: str) -> list[dict[str, Any]]:
         return list(self.slices.values())
@@ -126,4 +133,32 @@ async def test_the_watch_starts_from_the_lists_version_and_a_heartbeat_merges_no
         with trio.fail_after(1):
             await until(api, lambda nodes: nodes == [["a"]])
         assert api.watched_from == ["100"]  # one watch, from the list's version
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_that_goes_not_ready_leaves_every_selection_at_once_and_comes_back(
+    autojump_clock,
+):
+    """Its powerdev still reports (the API server reaches it, its kubelet is
+    gone): the Node's Ready condition alone takes it out, and back in;
+    a Node deleted leaves too. A Node's change that is no change of its
+    label or readiness (a status heartbeat) publishes nothing."""
+    api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        with trio.fail_after(1):
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+            began = trio.current_time()
+            await api.node_send.send(("MODIFIED", "a", NodeSeen("a", False), "51"))
+            await until(api, lambda nodes: nodes == [["b"]])
+            assert trio.current_time() == began  # at once, no ttl waited for
+            writes, passes = controller.writes, controller.passes
+            await api.node_send.send(("MODIFIED", "b", NodeSeen("b", True), "52"))
+            await api.node_send.send(("MODIFIED", "a", NodeSeen("a", True), "53"))
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+            assert controller.writes == writes + 1  # b's heartbeat wrote nothing
+            assert controller.passes == passes + 1
+            await api.node_send.send(("DELETED", "b", NodeSeen("b", True), "54"))
+            await until(api, lambda nodes: nodes == [["a"]])
         nursery.cancel_scope.cancel()
