@@ -14,7 +14,7 @@ against the conformance kit's etcd and kube-apiserver (started here, as
   daemon), every node seeing every one of L LUNs. From the start of
   `powerdev luns` to the whole pool at the API server; then changes of one
   LUN on one node (its last path lost, then back): from the report written
-  to every slice of the pool at the next generation; the controller's CPU
+  to the pool's slice that holds the LUN selecting the nodes it must; the controller's CPU
   time per change (schedstat) and its RSS; the slices written. And, in
   this process, one pass of the controller's pure work on a report event
   (the report parsed, every report merged, the pool's slices built): its
@@ -86,6 +86,11 @@ def selection(body: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def chosen(pool: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each device of the pool -> the hostnames its selector names."""
+    return {name: nodes for body in pool for name, nodes in selection(body).items()}
+
+
 def sightings(count: int) -> list[Sighting]:
     return [
         Sighting(f"lun-{i:04d}", f"DM_UUID=mpath-{WWID.format(i)}", 2, SIZE, "IBM", "2145")
@@ -125,6 +130,31 @@ async def pool_at(api: Any, generation: int = 0) -> list[dict[str, Any]]:
         generation = max(s["spec"]["pool"]["generation"] for s in found)
 
 
+async def lun_seen(
+    api: Any, pool: list[dict[str, Any]], device: str, nodes: list[str]
+) -> list[dict[str, Any]]:
+    """The whole pool once `device` is selected on exactly `nodes`. A LUN
+    keeps its slice, and a change of one slice is written at the same
+    generation: so the slice that holds it is watched, until it selects
+    the nodes or carries a newer generation (then the pool is read again,
+    and the device looked for where it is now)."""
+    while True:
+        generation = pool[0]["spec"]["pool"]["generation"]
+        if chosen(pool).get(device) == nodes:
+            return pool
+        holder = next(
+            (s["metadata"]["name"] for s in pool if device in selection(s)),
+            pool[0]["metadata"]["name"],
+        )
+        body = await api.wait_for(SLICES, holder, partial(_moved, generation, device, nodes))
+        pool = await pool_at(api, body["spec"]["pool"]["generation"])
+
+
+def _moved(generation: int, device: str, nodes: list[str], body: dict[str, Any]) -> bool:
+    """Has the slice a newer generation, or `device` selected on `nodes`?"""
+    return body["spec"]["pool"]["generation"] > generation or selection(body).get(device) == nodes
+
+
 def _at_least(generation: int, body: dict[str, Any]) -> bool:
     return body["spec"]["pool"]["generation"] >= generation  # type: ignore[no-any-return]
 
@@ -156,10 +186,10 @@ async def measure_scale(
             async with controller(plane, Path(tmp) / "luns.log") as proc:
                 with trio.fail_after(WAIT_LIMIT):
                     pool = await pool_at(api)
-                    while sum(len(s["spec"]["devices"]) for s in pool) < luns or any(
-                        len(v) < nodes for s in pool for v in selection(s).values()
-                    ):
-                        pool = await pool_at(api, pool[0]["spec"]["pool"]["generation"] + 1)
+                    while missing := [
+                        lun for lun in found if chosen(pool).get(lun.device) != names
+                    ]:
+                        pool = await lun_seen(api, pool, missing[0].device, names)
                 start = time.perf_counter() - began
                 rss_start = rss_mib(proc.pid)
                 results.add(
@@ -177,12 +207,12 @@ async def measure_scale(
                     gone = found[i // 2 % luns].device
                     now = [s for s in found if not (lost and s.device == gone)]
                     body = report_body(NAMESPACE, node, DRIVER, RESOURCE, now, 1_000_000 + i)
-                    generation = pool[0]["spec"]["pool"]["generation"]
+                    want = names if not lost else [n for n in names if n != node]
                     before, used = versions(pool), cpu_ns(proc.pid)
                     began = time.perf_counter()
                     await apply(api, body)
                     with trio.fail_after(WAIT_LIMIT):
-                        pool = await pool_at(api, generation + 1)
+                        pool = await lun_seen(api, pool, gone, want)
                     samples.append(time.perf_counter() - began)
                     cpu.append((cpu_ns(proc.pid) - used) / 1e9)
                     after = versions(pool)
@@ -194,7 +224,6 @@ async def measure_scale(
                 # same; then one change, so that the controller is known to
                 # have read them all (it reads the watch in order).
                 used, beats = cpu_ns(proc.pid), 0
-                generation = pool[0]["spec"]["pool"]["generation"]
                 for k, node in enumerate(names):
                     body = dict(bodies[node], data=dict(bodies[node]["data"]))
                     body["data"]["heartbeat"] = str(2_000_000 + k)
@@ -207,7 +236,7 @@ async def measure_scale(
                 )  # fmt: skip
                 await apply(api, body)
                 with trio.fail_after(WAIT_LIMIT):
-                    pool = await pool_at(api, generation + 1)
+                    pool = await lun_seen(api, pool, gone, names[1:])
                 change = sorted(cpu)[len(cpu) // 2]
                 per_beat = max(0.0, (cpu_ns(proc.pid) - used) / 1e9 - change) / beats
                 rss = rss_mib(proc.pid)
@@ -292,7 +321,8 @@ async def apply(api: Any, body: dict[str, Any]) -> None:
 def lun_sysfs(root: Path, minor: int, wwid: str, blocks: int) -> list[Path]:
     """A node's sysfs with one multipath LUN, dm-<minor> (253:<minor>) with DM
     UUID mpath-<wwid>, `blocks` of 512 bytes, over two running SCSI paths
-    (sdd 8:48, sde 8:64); /dev/mapper/mpatha its node. The paths' state files."""
+    (sdd 8:48, sde 8:64); /dev/mapper/mpatha its node. The state file both
+    paths read (the second path's is a link to the first's)."""
     sys_root = root / "sys"
     block = sys_root / "class" / "block"
     block.mkdir(parents=True)
@@ -315,14 +345,17 @@ def lun_sysfs(root: Path, minor: int, wwid: str, blocks: int) -> list[Path]:
                 (directory / sub / other).symlink_to(block / other)
         return directory
 
-    states = []
+    states: list[Path] = []
     for lun, (name, dev) in enumerate((("sdd", "8:48"), ("sde", "8:64"))):
         scsi = sys_root / "devices" / f"pci0000:00/host1/target1:0:{lun}/1:0:{lun}:0"
         scsi.mkdir(parents=True)
-        (scsi / "state").write_text("running\n")
+        if states:  # both paths go in one write, as when the fabric goes
+            (scsi / "state").symlink_to(states[0])
+        else:
+            (scsi / "state").write_text("running\n")
+            states.append(scsi / "state")
         disk = device(scsi / "block", name, dev, holders=[dm])
         os.symlink(os.path.relpath(scsi, disk), disk / "device")
-        states.append(scsi / "state")
     mapped = device(sys_root / "devices" / "virtual" / "block", dm, f"253:{minor}")
     for other in ("sdd", "sde"):
         (mapped / "slaves" / other).symlink_to(block / other)
@@ -368,6 +401,7 @@ async def measure_path_change(
                 root / "dev",
                 *("--sys-root", str(root / "sys"), "--uevents", "off"),
                 *("--health-interval", str(HEALTH_INTERVAL), "--lun-namespace", NAMESPACE),
+                *("--lun-report-interval", "300"),  # its longest: no heartbeat among the writes
                 *dra_options(root, node, plane.kubeconfig, DRIVER),
             )
             with (root / "powerdev.log").open("ab") as out:
@@ -386,9 +420,7 @@ async def measure_path_change(
                     await apply(api, report_body(NAMESPACE, other, DRIVER, RESOURCE, [twin], 1))
                     both = [sorted([node, other])]
                     with trio.fail_after(WAIT_LIMIT):
-                        pool = await pool_at(api)
-                        while list(selection(pool[0]).values()) != both:
-                            pool = await pool_at(api, pool[0]["spec"]["pool"]["generation"] + 1)
+                        pool = await lun_seen(api, await pool_at(api), seen.device, both[0])
                     to_report, to_pool, writes = [], [], []
                     for i in range(changes):
                         lost = i % 2 == 0
@@ -396,16 +428,16 @@ async def measure_path_change(
                         mark = await api.get(f"{CONFIGMAPS}/{mine}")
                         before = versions(pool)
                         began = time.perf_counter()
-                        for state in states:
-                            state.write_text("transport-offline\n" if lost else "running\n")
+                        for state in states:  # in one step: never read half-written
+                            new = state.with_name("state.new")
+                            new.write_text("transport-offline\n" if lost else "running\n")
+                            new.replace(state)
                         with trio.fail_after(WAIT_LIMIT):
                             changed = await api.wait_for(
                                 CONFIGMAPS, mine, partial(_reports_it, not lost)
                             )
                             to_report.append(time.perf_counter() - began)
-                            pool = await pool_at(api, pool[0]["spec"]["pool"]["generation"] + 1)
-                            while list(selection(pool[0]).values()) != want:
-                                pool = await pool_at(api, pool[0]["spec"]["pool"]["generation"] + 1)
+                            pool = await lun_seen(api, pool, seen.device, want[0])
                         to_pool.append(time.perf_counter() - began)
                         heartbeats = int(changed["data"]["heartbeat"]) - int(
                             mark["data"]["heartbeat"]

@@ -7,9 +7,10 @@ seconds (its heartbeat stopped: the node leaves every selection), or a
 reporting node's Node changes readiness or label (it watches the Nodes:
 a NotReady node leaves every selection at once). A pool
 whose devices are what the server already has is not written: a new
-leader that finds the pool right writes nothing. Every change is a new
-generation written to every slice of the pool, and slices no longer
-needed go."""
+leader that finds the pool right writes nothing. A LUN keeps its slice
+(placement.place): a change within one slice is that slice written at
+the same generation; one that touches more is a new generation written
+to every slice of the pool, and slices no longer needed go."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ RETRY = (0.1, 10.0)
 class _Pool:
     generation: int = 0
     slices: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # name -> devices
+    slots: dict[str, int] = field(default_factory=dict)  # device name -> its slice
+    stale: set[str] = field(default_factory=set)  # slices of an older generation, to go
+    declared: int = 0  # the slice count the newest generation's slices name
 
 
 @dataclass
@@ -127,16 +131,25 @@ class Controller:
         return version
 
     async def _recall(self) -> None:
-        """What the cluster pools hold on the server (an earlier leader's)."""
+        """What the cluster pools hold on the server (an earlier leader's):
+        the newest generation's slices, where each device is, and the
+        slices of older ones, which go at the next write."""
         for body in await self.api.cluster_slices(self.driver, POOL_PREFIX):
             spec = body["spec"]
             resource = spec["pool"]["name"].removeprefix(POOL_PREFIX)
             pool = self._pools.setdefault(resource, _Pool())
-            generation = spec["pool"]["generation"]
+            name, generation = body["metadata"]["name"], spec["pool"]["generation"]
             if generation > pool.generation:
-                pool.generation, pool.slices = generation, {}
-            if generation == pool.generation:
-                pool.slices[body["metadata"]["name"]] = spec.get("devices") or []
+                pool.stale.update(pool.slices)
+                pool.generation, pool.slices, pool.slots = generation, {}, {}
+            if generation < pool.generation:
+                pool.stale.add(name)
+                continue
+            pool.slices[name] = spec.get("devices") or []
+            pool.declared = spec["pool"].get("resourceSliceCount", 0)
+            index = _index(name)
+            for device in pool.slices[name] if index is not None else ():
+                pool.slots[device["name"]] = index
 
     async def _watch(self, version: str | None) -> None:
         backoff = Backoff(*RETRY)
@@ -260,28 +273,50 @@ class Controller:
                 self._backoff.reset()
 
     async def _publish(self, resource: str, devices: list[dict[str, Any]]) -> None:
+        """The pool's devices written: one slice changed (each device keeps
+        its slice) is that slice at the same generation, the pool whole
+        meanwhile; more, or another count of slices, is a new generation
+        on every slice. Slices no longer needed go."""
         pool = self._pools.setdefault(resource, _Pool())
-        now = cluster_slices(self.driver, resource, devices, pool.generation)
-        if {b["metadata"]["name"]: b["spec"]["devices"] for b in now} == pool.slices:
+        where = (self.driver, resource, devices)
+        now, slots = cluster_slices(*where, pool.generation, pool.slots, len(pool.slices))
+        changed = [b for b in now if pool.slices.get(b["metadata"]["name"]) != b["spec"]["devices"]]
+        # whole: the slices found are all the pool's, and as many as it needs
+        # (a leader that stopped within a new generation left it short)
+        whole = len(now) == len(pool.slices) == pool.declared
+        if not changed and whole and not pool.stale:
             return
-        generation = pool.generation + 1
-        bodies = cluster_slices(self.driver, resource, devices, generation)
-        for body in bodies:
+        generation = pool.generation
+        if len(changed) > 1 or not whole:
+            generation += 1
+            changed, slots = cluster_slices(*where, generation, pool.slots, len(pool.slices))
+        for body in changed:
             await self.api.apply_slice(body)
             self.writes += 1
-        wanted = {b["metadata"]["name"]: b["spec"]["devices"] for b in bodies}
-        for name in sorted(set(pool.slices) - set(wanted)):
+        wanted = {b["metadata"]["name"]: b["spec"]["devices"] for b in now}
+        for name in sorted((set(pool.slices) | pool.stale) - set(wanted)):
             await self.api.delete_slice(name)
             self.writes += 1
-        pool.generation, pool.slices = generation, wanted
+        pool.generation, pool.slices, pool.slots, pool.stale = generation, wanted, slots, set()
+        pool.declared = len(now)
         log.info(
-            "luns: %s: published %d LUNs in pool %s (generation %d): %s",
+            "luns: %s: published %d LUNs in pool %s (generation %d, %d of %d slices written): %s",
             resource,
             len(devices),
             cluster_pool_name(resource),
             generation,
+            len(changed),
+            len(now),
             "; ".join(f"{d['name']} on {', '.join(_nodes(d))}" for d in devices[:10]),
         )
+
+
+def _index(slice_name: str) -> int | None:
+    """A cluster slice's place in its pool: the number its name ends with
+    (luns.cluster_slice_name); None for a name not made so (its devices
+    are placed again)."""
+    tail = slice_name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
 
 
 def _nodes(device: dict[str, Any]) -> list[str]:

@@ -19,8 +19,8 @@ differs between nodes is merged only over the nodes that agree with the
 most others; the rest are conflicts (said, not merged); a tie merges
 nobody. A resource whose every node says "shared": true has devices
 that may be allocated to several claims at once (allowMultipleAllocations).
-cluster_slices() packs the devices into the pool's slices, with
-perDeviceNodeSelection.
+cluster_slices() places the devices in the pool's slices, with
+perDeviceNodeSelection, each LUN kept in its slice across changes.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Any
 from powerdev.devices.condition import FAILED, FINE, STATES, Condition
 from powerdev.devices.model import Device
 from powerdev.dra.names import pool_name
+from powerdev.dra.placement import place
 
 REPORT_LABEL = "powerdev.io/lun-report"  # on every node's report ConfigMap
 REPORT_VERSION = "1"  # the label's value: the form of the report's data
-MAX_DEVICES_PER_SLICE = 128  # the API's limit (no taints, no counters here)
 MAX_STRING = 64  # a string attribute's longest value
 _NOT_LABEL = re.compile(r"[^a-z0-9-]")
 _WORKING = {state for state, level in STATES.items() if level == FINE}
@@ -371,14 +371,22 @@ def _device(
 
 
 def cluster_slices(
-    driver: str, resource_name: str, devices: Sequence[dict[str, Any]], generation: int
-) -> list[dict[str, Any]]:
-    """The cluster pool's slices at a generation (at least one, even empty)."""
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
-    return [
+    driver: str,
+    resource_name: str,
+    devices: Sequence[dict[str, Any]],
+    generation: int,
+    slots: Mapping[str, int] | None = None,
+    count: int = 0,
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The cluster pool's slices at a generation (at least one, even empty),
+    and each device's slice: where `slots` had it in a pool of `count`
+    slices (placement.place; 0: packed anew), so that a change of one LUN
+    is a change of one slice."""
+    placed, count = place(dict(slots or {}), count, devices)
+    groups: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+    for device in devices:
+        groups[placed[device["name"]]].append(device)
+    bodies = [
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
@@ -392,10 +400,11 @@ def cluster_slices(
                 "pool": {
                     "name": cluster_pool_name(resource_name),
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": count,
                 },
-                "devices": chunk,
+                "devices": group,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, group in enumerate(groups)
     ]
+    return bodies, placed

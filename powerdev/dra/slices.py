@@ -45,6 +45,7 @@ from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.family import Key
 from powerdev.devices.model import Device
 from powerdev.dra.names import counter_slice_name, device_name, pool_name, slice_name
+from powerdev.dra.placement import chunks, place
 from powerdev.ops import metrics
 from powerdev.resources import families
 from powerdev.resources.allocation import by_unit
@@ -54,8 +55,6 @@ from powerdev.support.backoff import Backoff
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_WITH_TAINTS = 64  # in a slice where any device has a taint or consumes counters
 CONDITION_TAINT = "dra.powerdev.io/condition"
 # A device's condition -> the effect of its taint (a fine device has none).
 TAINT_EFFECTS = {DEGRADED: "None", FAILED: "NoSchedule"}
@@ -371,10 +370,10 @@ def build_slices(
 ) -> list[dict[str, Any]]:
     """The pool's ResourceSlices at a generation, the devices in order, as a
     new pool packs them (at least one slice, even empty)."""
-    chunks = _chunks(devices)
+    packed = chunks(devices)
     return [
-        _slice_body(driver, node, resource_name, i, chunk, generation, len(chunks))
-        for i, chunk in enumerate(chunks)
+        _slice_body(driver, node, resource_name, i, chunk, generation, len(packed))
+        for i, chunk in enumerate(packed)
     ]
 
 
@@ -412,95 +411,11 @@ def _slice_body(
     }
 
 
-def _limit(advanced: bool) -> int:
-    return MAX_DEVICES_WITH_TAINTS if advanced else MAX_DEVICES_PER_SLICE
-
-
-def _advanced(device: dict[str, Any]) -> bool:
-    """Does the device lower its slice's limit to 64 (a taint, counters)?"""
-    return "taints" in device or "consumesCounters" in device
-
-
 def uses_counters(body: dict[str, Any]) -> bool:
     spec = body.get("spec") or {}
     return bool(spec.get("sharedCounters")) or any(
         d.get("consumesCounters") for d in spec.get("devices") or ()
     )
-
-
-def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The devices in order, in slices of at most 128, or of at most 64
-    where one of them has a taint or consumes counters."""
-    chunks: list[list[dict[str, Any]]] = [[]]
-    tainted = False  # the last chunk has a tainted device
-    for device in devices:
-        has_taint = _advanced(device)
-        if len(chunks[-1]) >= _limit(tainted or has_taint):
-            chunks.append([])
-            tainted = False
-        chunks[-1].append(device)
-        tainted = tainted or has_taint
-    return chunks
-
-
-def place(
-    slots: dict[str, int], count: int, devices: Sequence[dict[str, Any]]
-) -> tuple[dict[str, int], int]:
-    """Each device's slice, keeping where it was (`slots`, by device name,
-    of a pool of `count` slices): a device that comes goes to the first
-    slice with room, a slice with a tainted device or one that consumes
-    counters keeps at most 64 (its other devices move out), and more
-    slices are added only when no slice has room. Empty slices at the end
-    go; when half the slices or more could go, the pool is packed again
-    from scratch. Pure: the new slots and slice count."""
-    needed = max(1, -(-len(devices) // MAX_DEVICES_PER_SLICE))
-    if count == 0 or count >= 2 * needed + 1:
-        chunks = _chunks(list(devices))
-        return {d["name"]: i for i, chunk in enumerate(chunks) for d in chunk}, len(chunks)
-    placed: dict[str, int] = {}
-    sizes = [0] * count
-    tainted = [False] * count
-    newcomers = []
-    for device in devices:
-        name = device["name"]
-        at = slots.get(name)
-        if at is None or at >= count:
-            newcomers.append(device)
-            continue
-        placed[name] = at
-        sizes[at] += 1
-        if _advanced(device):
-            tainted[at] = True
-    crowded = {i for i in range(count) if tainted[i] and sizes[i] > MAX_DEVICES_WITH_TAINTS}
-    if crowded:  # a taint lowered a slice's limit: its untainted devices past 64 move
-        members: dict[int, list[dict[str, Any]]] = {i: [] for i in crowded}
-        for device in devices:
-            at = placed.get(device["name"], -1)
-            if at in members:
-                members[at].append(device)
-        for i, group in members.items():
-            group.sort(key=lambda d: (not _advanced(d), d["name"]))
-            for device in group[MAX_DEVICES_WITH_TAINTS:]:
-                del placed[device["name"]]
-                newcomers.append(device)
-            sizes[i] = MAX_DEVICES_WITH_TAINTS
-    first_free = 0
-    for device in sorted(newcomers, key=lambda d: d["name"]):
-        has_taint = _advanced(device)
-        i = 0 if has_taint else first_free
-        while i < len(sizes) and sizes[i] >= _limit(tainted[i] or has_taint):
-            i += 1
-        if i == len(sizes):
-            sizes.append(0)
-            tainted.append(False)
-        placed[device["name"]] = i
-        sizes[i] += 1
-        tainted[i] = tainted[i] or has_taint
-        if not has_taint:
-            first_free = i
-    while len(sizes) > 1 and sizes[-1] == 0:  # the last slices emptied: they go
-        sizes.pop()
-    return placed, len(sizes)
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,8 @@ from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.health import assess_all
 from powerdev.dra.names import MAX_LABEL, device_name, driver_problem, pool_name
-from powerdev.dra.slices import (
-    CONDITION_TAINT,
-    MAX_DEVICES_PER_SLICE,
-    MAX_DEVICES_WITH_TAINTS,
-    Pool,
-    build_devices,
-    build_slices,
-    place,
-)
+from powerdev.dra.placement import MAX_DEVICES_PER_SLICE, MAX_DEVICES_WITH_TAINTS, place
+from powerdev.dra.slices import CONDITION_TAINT, Pool, build_devices, build_slices
 from powerdev.resources.plugin import Plugin
 
 LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
+import trio.testing
 
 from powerdev.dra.lun_controller import Controller
 from powerdev.dra.luns import NodeSeen, Sighting, report_body
@@ -162,3 +163,86 @@ async def test_a_node_that_goes_not_ready_leaves_every_selection_at_once_and_com
             await api.node_send.send(("DELETED", "b", NodeSeen("b", True), "54"))
             await until(api, lambda nodes: nodes == [["a"]])
         nursery.cancel_scope.cancel()
+
+
+def many(count: int) -> list[Sighting]:
+    return [Sighting(f"lun-{i:03d}", f"DM_UUID=mpath-{i:03d}", 2, 1 << 30) for i in range(count)]
+
+
+def generations(api: FakeApi) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in api.slices.values()}
+
+
+async def settled(controller: Controller) -> None:
+    """Until the controller has merged what it was sent, and waits again
+    (every task blocked: on the real clock, no ttl comes meanwhile)."""
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_change_to_one_lun_is_one_slice_written_at_the_same_generation():
+    """300 LUNs are three slices. A LUN that node a loses changes its slice
+    alone: that slice is written, at the same generation (the pool stays
+    whole). A LUN that comes goes where there is room: one write again. A
+    new leader finds the pool right and writes nothing; a slice of an
+    older generation that a leader left goes at the next change."""
+    luns = many(300)
+    api = FakeApi(body("a", 1, 5, *luns), body("b", 1, 6, *luns))
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controller.run)
+            await settled(controller)
+            assert len(api.slices) == 3 and generations(api) == {1}
+            writes = controller.writes
+            await api.send.send(("MODIFIED", body("a", 2, 101, *luns[1:])))  # a lost lun-000
+            await settled(controller)
+            assert controller.writes == writes + 1 and generations(api) == {1}
+            assert api.slices[min(api.slices)]["spec"]["devices"][0]["name"] == "lun-000"
+            writes = controller.writes
+            more = [*luns, Sighting("lun-new", "DM_UUID=mpath-new", 2, 1 << 30)]
+            await api.send.send(("MODIFIED", body("b", 2, 102, *more)))
+            await settled(controller)
+            assert controller.writes == writes + 1 and generations(api) == {1}
+            nursery.cancel_scope.cancel()
+        api.version = 200
+        api.bodies = {"a": body("a", 2, 101, *luns[1:]), "b": body("b", 2, 102, *more)}
+        leftover = {**next(iter(api.slices.values()))}
+        leftover["metadata"] = {"name": "d-left-over-7"}
+        leftover["spec"] = {
+            **leftover["spec"],
+            "pool": {**leftover["spec"]["pool"], "generation": 0},
+        }
+        api.slices["d-left-over-7"] = leftover
+        again = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(again.run)
+            await settled(again)
+            assert again.writes == 1  # the left-over deleted, nothing written
+            assert "d-left-over-7" not in api.slices and len(api.slices) == 3
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_new_leader_completes_a_pool_its_predecessor_left_short():
+    """A leader that stopped within a new generation left slices that name
+    more slices than there are: the pool is incomplete, and the scheduler
+    allocates nothing from it. A new leader whose devices fit the slices
+    found still writes a new generation on every slice, with their true
+    count, rather than finding nothing to change."""
+    luns = many(200)
+    api = FakeApi(body("a", 1, 5, *luns))
+    first = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.run)
+            await settled(first)
+            nursery.cancel_scope.cancel()
+        assert len(api.slices) == 2 and generations(api) == {1}
+        for item in api.slices.values():
+            item["spec"]["pool"].update(generation=5, resourceSliceCount=3)
+        again = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(again.run)
+            await settled(again)
+            nursery.cancel_scope.cancel()
+    assert generations(api) == {6} and again.writes == 2
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.slices.values()} == {2}
