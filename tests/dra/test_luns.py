@@ -304,9 +304,17 @@ async def test_a_lun_two_nodes_see_is_one_device_one_claim_at_a_time_on_a_node_t
             for state in other.states.values():
                 state.write_text("running\n")
             await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
-            # The holder's claim was prepared throughout.
+            # The holder itself leaves the selection (its Node NotReady): the
+            # pool no longer names it, and its prepared claim is kept.
+            await api.merge_patch(f"/api/v1/nodes/{holder.name}/status", ready("Unknown"))
+            await api.wait_for(
+                SLICES, first, lambda s: list(selected(s).values()) == [[other.name]]
+            )
+            # The holder's claim was prepared throughout, whatever the pool did.
             again = await holder.harness.prepare(namespace, "p1")
             assert again == prepared
+            await api.merge_patch(f"/api/v1/nodes/{holder.name}/status", ready("True"))
+            await api.wait_for(SLICES, first, lambda s: list(selected(s).values()) == [both])
 
 
 LEASE = "powerdev-luns"
