@@ -44,6 +44,15 @@ async def delete_if_there(
             raise
 
 
+def refuses_none_effect(err: ApiError) -> bool:
+    """Is this the refusal of a taint's effect None, as a Kubernetes 1.34
+    API server with DRADeviceTaints on gives it (its validation's
+    NotSupported on spec.devices[i].taints[j].effect; read in its
+    pkg/apis/resource/validation, not tried on one)?"""
+    message = err.status.message or ""
+    return err.status.code == 422 and 'effect: Unsupported value: "None"' in message
+
+
 def config_problem(kubeconfig: Path | None) -> str | None:
     """Why the API server's address and credentials cannot be read, or None."""
     try:
@@ -97,7 +106,14 @@ class KubeApi:
     async def apply_slice(self, body: dict[str, Any]) -> bool:
         """The slice created or updated; whether the API server kept counters
         in it (shared ones, or ones its devices consume)."""
-        kept = await self._api.apply(from_dict(body), force=True)
+        try:
+            kept = await self._api.apply(from_dict(body), force=True)
+        except ApiError as err:
+            if refuses_none_effect(err):
+                from powerdev.dra.slices import TaintEffectRefused
+
+                raise TaintEffectRefused(err.status.message) from err
+            raise
         spec = kept.spec
         return bool(spec.sharedCounters) or any(d.consumesCounters for d in spec.devices or ())
 

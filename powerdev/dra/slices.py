@@ -429,6 +429,27 @@ class _Plan:
     kept: set[str]  # the pool's slice names
 
 
+class TaintEffectRefused(Exception):
+    """The API server refused a slice for a taint's effect `None`: one of
+    Kubernetes 1.34 with the alpha DRADeviceTaints gate on knows only
+    NoSchedule and NoExecute (the effect came in 1.35)."""
+
+
+def without_informational_taints(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The devices with no taint of effect None (a degraded device then
+    goes out untainted, as it would to an API server without taints)."""
+    out = []
+    for device in devices:
+        taints = device.get("taints")
+        if taints and any(t["effect"] == "None" for t in taints):
+            kept = [t for t in taints if t["effect"] != "None"]
+            device = {k: v for k, v in device.items() if k != "taints"}
+            if kept:
+                device["taints"] = kept
+        out.append(device)
+    return out
+
+
 class SliceApi(Protocol):
     """What publishing needs of the API server (kubeapi.py gives it)."""
 
@@ -470,6 +491,7 @@ class Pool:
     _written_at: int = 0  # the generation _written holds bodies of
     _epoch: int = 0  # lose()s so far: a write answered after one is not trusted
     counters_dropped: bool = False  # the API server kept no counter we wrote
+    none_refused: bool = False  # the API server refused a taint's effect None
     _recalled: bool = False  # what an earlier run left is known
 
     def lose(self) -> None:
@@ -573,7 +595,11 @@ class Pool:
         may have been applied: its slice is then written anew)."""
         name = body["metadata"]["name"]
         self._written.pop(name, None)
-        kept = await self.api.apply_slice(body)
+        try:
+            kept = await self.api.apply_slice(body)
+        except TaintEffectRefused:
+            self.none_refused = True
+            raise
         if kept is False and uses_counters(body):
             self.counters_dropped = True
         if self._epoch == epoch:
@@ -616,6 +642,7 @@ async def keep_published(
     table = getattr(plugin.tracker, "table", None)  # the node's device table
     members: dict[str, Key] = {}
     told = False  # that the API server drops counters
+    none_told = False  # that it refuses the effect None
     try:
         with contextlib.suppress(Exception):  # else publish() lists again, and says why
             since.update(taints_in(await pool.recall()))  # a taint's time, across a restart
@@ -651,10 +678,22 @@ async def keep_published(
                 )
                 _say_apart(said, name, found)
             devices = with_families(devices, found)
+            if pool.none_refused:
+                devices = without_informational_taints(devices)
             if (devices, found.counter_sets) != published:
                 try:
                     written = await pool.publish(devices, found.counter_sets)
                 except Exception as err:  # the API server: unreachable, refusing
+                    if isinstance(err, TaintEffectRefused) and not none_told:
+                        none_told = True
+                        log.error(
+                            "%s: the API server knows no taint effect None (Kubernetes 1.34 "
+                            "with DRADeviceTaints on; the effect came in 1.35): degraded "
+                            "devices are published without their taint until powerdev restarts",
+                            name,
+                        )
+                        published = None
+                        continue  # published again at once, without those taints
                     told = _say_dropped(pool, name, told)
                     published = None  # tried again whatever the inventory does meanwhile
                     metrics.dra_publish_failed(name)

@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerdev.config import ResourceConfig
-from powerdev.devices.condition import Condition
+from powerdev.devices.condition import DEGRADED, Condition
 from powerdev.devices.inventory import Inventory
 from powerdev.devices.model import Device
-from powerdev.dra.slices import Pool, keep_published, uses_counters
+from powerdev.dra.kubeapi import refuses_none_effect
+from powerdev.dra.slices import Pool, TaintEffectRefused, keep_published, uses_counters
 from powerdev.resources import families
 from powerdev.resources.plugin import Plugin
 from tests.conftest import needs_root
@@ -362,3 +363,77 @@ def test_scan_says_which_devices_of_a_dra_pool_are_left_out_apart(tmp_path, whol
         assert report.left_out == [
             ("/dev/sg0", f"DRA: it shares blocks with /dev/sdx1, and {families.APART}")
         ]
+
+
+class Degraded(Tracker):
+    """Every device degraded (some of its paths down)."""
+
+    def condition_of(self, device):
+        return Condition(DEGRADED, "1 of 2 paths down")
+
+
+class RefusesNone(Slices):
+    """An API server of Kubernetes 1.34 with DRADeviceTaints on: it knows
+    no taint effect None and refuses the whole slice."""
+
+    async def apply_slice(self, body):
+        for device in body["spec"].get("devices", ()):
+            if any(t["effect"] == "None" for t in device.get("taints", ())):
+                raise TaintEffectRefused("spec.devices[0].taints[0].effect: ...")
+        return await super().apply_slice(body)
+
+
+async def test_an_api_server_that_refuses_the_effect_none_gets_degraded_devices_untainted(
+    autojump_clock, caplog
+):
+    """A 1.34 API server refuses a slice with a degraded (effect None)
+    device in it: the pool is published at once without that taint, never
+    left unpublished, and it is said once."""
+    plugin = disk_plugin(whole_disks=False)
+    plugin.tracker = Degraded(plugin.resource)  # type: ignore[assignment]
+    api = RefusesNone()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keep_published, plugin, pool)
+            assert api.devices() == ["loop9p1"]
+            (published,) = api.slices.values()
+            assert "taints" not in published["spec"]["devices"][0]
+            assert pool.none_refused
+            nursery.cancel_scope.cancel()
+    assert caplog.text.count("knows no taint effect None") == 1
+    assert "cannot publish" not in caplog.text  # no backoff, no retry loop
+
+
+def test_the_refusal_of_the_effect_none_is_known_by_its_status():
+    """The Status a 1.34 API server answers a slice with a None taint with
+    (its validation's NotSupported on the taint's effect); another
+    refusal is not taken for it."""
+    from lightkube.core.exceptions import ApiError
+
+    def refusal(message: str, code: int = 422) -> ApiError:
+        status = {"kind": "Status", "status": "Failure", "code": code, "message": message}
+        return ApiError(status=status)
+
+    said = (
+        'ResourceSlice.resource.k8s.io "n1-example.com-disk-0" is invalid: '
+        'spec.devices[3].taints[0].effect: Unsupported value: "None": supported values: '
+        '"NoExecute", "NoSchedule"'
+    )
+    assert refuses_none_effect(refusal(said))
+    assert not refuses_none_effect(refusal(said, code=403))
+    other = said.replace('"None"', '"Sometimes"')
+    assert not refuses_none_effect(refusal(other))
+
+
+def test_only_the_effect_none_is_dropped_a_failed_device_keeps_its_noschedule():
+    from powerdev.dra.slices import without_informational_taints
+
+    degraded = {"name": "a", "taints": [{"key": "k", "value": "degraded", "effect": "None"}]}
+    failed = {"name": "b", "taints": [{"key": "k", "value": "failed", "effect": "NoSchedule"}]}
+    assert without_informational_taints([degraded, failed, {"name": "c"}]) == [
+        {"name": "a"},
+        failed,
+        {"name": "c"},
+    ]
+    assert "taints" in degraded  # the built devices are not changed
