@@ -7,8 +7,9 @@ At each device count N:
 - publication, in this process, with the daemon's own code (dra/slices.py
   over dra/kubeapi.py): from an inventory of N devices to every
   ResourceSlice of a new pool accepted by the API server; then one device
-  added, to every slice of the next generation accepted (each slice carries
-  the generation, so a change writes them all). With the slices and the API
+  added, and one device degraded (its taint, effect None), each to its
+  slice accepted (a device keeps its slice, and a change of one slice is
+  that slice written at the same generation). With the slices and the API
   requests each took.
 - the real daemon (`powerdev run`, a child process) with N device nodes and
   a resource that says "api": "dra": start to its pool at the API server;
@@ -35,6 +36,7 @@ from typing import Any
 
 import trio
 
+from powerdev.devices.condition import DEGRADED, Condition
 from powerdev.devices.model import Device
 from powerdev.devtools import kit
 from powerdev.devtools.bench import (
@@ -107,7 +109,7 @@ async def measure_publication(
     """A new pool of N devices, published from scratch (a few pools), then
     changes of one device added to the last one."""
     from powerdev.dra import kubeapi
-    from powerdev.dra.slices import Built, Pool, build_devices_in_steps
+    from powerdev.dra.slices import Built, Pool, Since, build_devices_in_steps
 
     api = kubeapi.KubeApi(kubeapi.client(kubeconfig))
     try:
@@ -144,12 +146,50 @@ async def measure_publication(
             requests=counting.requests,
             **spread(changes),
         )
+        added = counting.requests
+        health = _Degraded()
+        since: Since = {}
+        await pool.publish(
+            await build_devices_in_steps(RESOURCE, devices, health, built=built, since=since)
+        )
+        tainted: list[float] = []
+        for i in range(plan.dra_changes):
+            health.paths.add(devices[(i * 997) % n].path)  # one slice after another
+            counting.requests = 0
+            began = time.perf_counter()
+            await pool.publish(
+                await build_devices_in_steps(RESOURCE, devices, health, built=built, since=since)
+            )
+            tainted.append(time.perf_counter() - began)
+        results.add(
+            "DRA: one device degraded (a taint), its slice accepted",
+            n,
+            slices=len(pool.names),
+            requests=counting.requests,
+            **spread(tainted),
+        )
         say(
             f"  {n} devices: a new pool {spread(first)} ({slices} slices, {requests} requests); "
-            f"one device added {spread(changes)} ({counting.requests} requests)"
+            f"one device added {spread(changes)} ({added} requests); one degraded "
+            f"{spread(tainted)} ({counting.requests} requests)"
         )
     finally:
         await api.aclose()
+
+
+class _Degraded:
+    """A device's health as the tracker says it: degraded for `paths`."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+
+    def condition_of(self, device: Device) -> Condition:
+        return (
+            Condition(DEGRADED, "1 of 2 paths down") if device.path in self.paths else Condition()
+        )
+
+    def offered_but_for_failure(self, device: Device) -> bool:
+        return False
 
 
 def _ref(claim: dict) -> tuple[str, str, str]:

@@ -35,7 +35,7 @@ from typing import Any
 from powerdev.devices.condition import FAILED, FINE, STATES, Condition
 from powerdev.devices.model import Device
 from powerdev.dra.names import pool_name
-from powerdev.dra.placement import place
+from powerdev.dra.placement import CLUSTER_POOL, place
 
 REPORT_LABEL = "powerdev.io/lun-report"  # on every node's report ConfigMap
 REPORT_VERSION = "1"  # the label's value: the form of the report's data
@@ -382,7 +382,7 @@ def cluster_slices(
     and each device's slice: where `slots` had it in a pool of `count`
     slices (placement.place; 0: packed anew), so that a change of one LUN
     is a change of one slice."""
-    placed, count = place(dict(slots or {}), count, devices)
+    placed, count = place(dict(slots or {}), count, devices, CLUSTER_POOL)
     groups: list[list[dict[str, Any]]] = [[] for _ in range(count)]
     for device in devices:
         groups[placed[device["name"]]].append(device)

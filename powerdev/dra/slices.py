@@ -1,11 +1,12 @@
 """What a DRA resource publishes, and keeping it published.
 
 One pool per (node, resource), "<node>/<resource name>", in as many
-ResourceSlices as it takes at 128 devices each (the API's limit), every
-slice with the pool's generation and slice count. A device keeps its slice
-across changes (place()), so a change of one device is one slice written
-at the same generation; a change to more slices is a new generation on
-every slice (Pool). A device is one unit of "each" mode (every name of one
+ResourceSlices as it takes, at most 64 devices each (the API's limit for
+a slice with a taint or counters, which any device may come to have),
+every slice with the pool's generation and slice count. A device keeps
+its slice across changes (placement.place), so a change of one device is
+one slice written at the same generation; a change to more slices is a
+new generation on every slice (Pool). A device is one unit of "each" mode (every name of one
 device), named from its unit ID (names.py). Its attributes, for CEL
 selectors: resource, kind (block/char), path, major, minor, wwid or serial
 when its identity gives one, numaNode when known, vendor and model when
@@ -20,8 +21,7 @@ see; a failed one (no path, offline, dead), which would be offered but
 for its failure, with value "failed" and effect NoSchedule, so that the
 scheduler allocates it to no claim that does not tolerate it (and
 NodePrepareResources still refuses it while it has failed). NoExecute is
-left to admins' DeviceTaintRules. A slice with a tainted device holds at
-most 64 devices (the API's limit), others 128. Other Unhealthy units are
+left to admins' DeviceTaintRules. Other Unhealthy units are
 not published; host-used devices never reach the inventory (the tracker
 screens them). build_devices() and build_slices() are pure;
 keep_published() follows the resource's inventory and deletes the pool on

@@ -15,6 +15,7 @@ from tests.controlplane_fixtures import require_tools
 PUBLICATION = {
     "DRA: inventory to every slice of a new pool accepted": bench.QUICK.dra_publications,
     "DRA: one device added, its slice accepted": (bench.QUICK.dra_changes),
+    "DRA: one device degraded (a taint), its slice accepted": (bench.QUICK.dra_changes),
 }
 PREPARE = {
     "DRA: NodePrepareResources (1 device, claim read from the API server)",
@@ -52,8 +53,10 @@ def test_the_quick_dra_bench_reports_publication_and_prepare_figures(tmp_path):
     for measure, count in PUBLICATION.items():
         row = rows[measure]
         assert row["devices"] == size and row["n"] == count
-        assert row["slices"] == 1 and row["requests"] >= row["slices"]  # 128 devices a slice
+        assert row["slices"] == 2 and row["requests"] >= 1  # 56 devices a slice packed anew
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+    for measure in ("added", "degraded (a taint)"):  # a device keeps its slice: one write
+        assert rows[f"DRA: one device {measure}, its slice accepted"]["requests"] == 1
     # The daemon's rows count the devices of its pool: without root, the
     # nodes are links to /dev/null, which are fewer devices.
     (published,) = {rows[m]["devices"] for m in DAEMON}
@@ -66,7 +69,7 @@ def test_the_quick_dra_bench_reports_publication_and_prepare_figures(tmp_path):
     assert rows["longest Trio step (DRA run)"]["ms"] > 0
     assert report["machine"]["api server"].startswith("kube-apiserver v")
     assert "| measure | devices | result |" in done.stdout
-    assert "; 1 slice, " in done.stdout
+    assert "; 2 slices, " in done.stdout
 
 
 def test_without_the_kit_it_says_in_one_line_how_to_build_it(tmp_path):

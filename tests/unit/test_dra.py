@@ -22,7 +22,7 @@ from powerdev.devices.model import Device
 from powerdev.dra.claims import ClaimRef, Claims, PrepareError
 from powerdev.dra.health import assess_all
 from powerdev.dra.names import MAX_LABEL, device_name, driver_problem, pool_name
-from powerdev.dra.placement import MAX_DEVICES_PER_SLICE, MAX_DEVICES_WITH_TAINTS, place
+from powerdev.dra.placement import CLUSTER_POOL, MAX_DEVICES_WITH_TAINTS, place
 from powerdev.dra.slices import CONDITION_TAINT, Pool, build_devices, build_slices
 from powerdev.resources.plugin import Plugin
 
@@ -110,13 +110,14 @@ def test_a_pool_publishes_one_device_per_healthy_unit_with_its_attributes(caplog
 
 
 @pytest.mark.parametrize(
-    ("count", "sizes"), [(0, [0]), (1, [1]), (128, [128]), (129, [128, 1]), (300, [128, 128, 44])]
+    ("count", "sizes"), [(0, [0]), (1, [1]), (56, [56]), (57, [56, 1]), (300, [56] * 5 + [20])]
 )
-def test_slices_hold_at_most_128_devices_and_say_how_many_there_are(count, sizes):
+def test_a_new_pool_fills_its_slices_to_56_of_64_and_says_how_many_there_are(count, sizes):
+    """A node pool's slice holds at most 64 (any device may get a taint);
+    packed anew, 56, leaving room for devices that come."""
     devices = [{"name": f"d{i}"} for i in range(count)]
     slices = build_slices("dra.powerdev.io", "n1", "example.com/lun", devices, 7)
     assert [len(s["spec"]["devices"]) for s in slices] == sizes
-    assert max(sizes) <= MAX_DEVICES_PER_SLICE
     for s in slices:
         assert s["spec"]["pool"] == {
             "name": pool_name("n1", "example.com/lun"),
@@ -191,27 +192,27 @@ async def test_a_unit_built_before_is_reused_until_its_names_or_condition_change
     assert sorted(built) == ["u0", "u1", "u2"]
 
 
-@pytest.mark.parametrize(
-    ("tainted", "sizes"),
-    [
-        ((), [128, 72]),
-        ((0,), [64, 128, 8]),
-        ((100,), [100, 64, 36]),
-        ((63, 64), [64, 64, 72]),
-        ((199,), [128, 71, 1]),
-    ],
-)
-def test_a_slice_with_a_tainted_device_holds_at_most_64(tainted, sizes):
+@pytest.mark.parametrize("tainted", [(), (0,), (100,), (55, 56), (199,)])
+def test_taints_change_no_slice_of_a_node_pool(tainted):
+    """Every slice of a node pool is within the 64 a tainted device allows,
+    so where the taints are moves nobody."""
     taint = [{"key": CONDITION_TAINT, "value": "degraded", "effect": "None"}]
     devices = [
         {"name": f"d{i:03}", **({"taints": taint} if i in tainted else {})} for i in range(200)
     ]
     slices = build_slices("dra.powerdev.io", "n1", "example.com/lun", devices, 1)
-    assert [len(s["spec"]["devices"]) for s in slices] == sizes
-    for s in slices:
-        if any("taints" in d for d in s["spec"]["devices"]):
-            assert len(s["spec"]["devices"]) <= MAX_DEVICES_WITH_TAINTS
+    assert [len(s["spec"]["devices"]) for s in slices] == [56, 56, 56, 32]
+    assert max(len(s["spec"]["devices"]) for s in slices) <= MAX_DEVICES_WITH_TAINTS
     assert [d for s in slices for d in s["spec"]["devices"]] == devices  # in order, all of them
+
+
+def test_a_cluster_pool_fills_its_slices_to_112_of_128_and_takes_no_taint():
+    devices = [{"name": f"d{i:03}"} for i in range(300)]
+    slots, count = place({}, 0, devices, CLUSTER_POOL)
+    assert count == 3 and max(slots.values()) == 2
+    assert sum(1 for i in slots.values() if i == 0) == 112
+    with pytest.raises(ValueError, match="at most 64"):
+        place({}, 0, [{"name": "x", "taints": []}], CLUSTER_POOL)
 
 
 def named(*names: str, tainted: tuple[str, ...] = ()) -> list[dict]:
@@ -227,7 +228,7 @@ async def test_a_one_device_change_is_one_write_at_the_same_generation():
     api = FakeSlices()
     pool = Pool(api, DRIVER, NODE, RESOURCE)
     everyone = units(1000)
-    assert await pool.publish(named(*everyone)) == 8  # a new pool: every slice
+    assert await pool.publish(named(*everyone)) == 18  # a new pool: every slice (56 each)
     assert pool.generation == 1
     before = {k: v["spec"]["devices"] for k, v in api.slices.items()}
     assert await pool.publish(named(*everyone, "u99999")) == 1  # one came
@@ -235,16 +236,13 @@ async def test_a_one_device_change_is_one_write_at_the_same_generation():
     changed = [k for k, v in api.slices.items() if v["spec"]["devices"] != before[k]]
     assert len(changed) == 1
     assert await pool.publish(named(*everyone[1:], "u99999")) == 1  # one went
-    # its slice had 128: a taint makes it 64, and the rest move to others
-    written = await pool.publish(named(*everyone[1:], "u99999", tainted=("u00500",)))
-    assert pool.generation == 2 and written == len(api.slices)
-    for item in api.slices.values():
-        assert item["spec"]["pool"]["generation"] == 2
-        found = item["spec"]["devices"]
-        assert len(found) <= (64 if any("taints" in d for d in found) else 128)
+    # a device turns degraded: its taint fits its slice, nobody moves
+    assert await pool.publish(named(*everyone[1:], "u99999", tainted=("u00500",))) == 1
+    assert pool.generation == 1
+    assert all(len(v["spec"]["devices"]) <= 64 for v in api.slices.values())
     # two slices' devices changed at once: a new generation on every slice
     assert await pool.publish(named(*everyone[2:-1], "u99999")) == len(api.slices)
-    assert pool.generation == 3
+    assert pool.generation == 2
 
 
 @given(
@@ -256,8 +254,8 @@ async def test_a_one_device_change_is_one_write_at_the_same_generation():
 )
 def test_placing_keeps_every_device_in_one_slice_within_the_limits(steps):
     """Whatever comes and goes (and is tainted): every device in exactly
-    one slice, no slice over its limit, and a device that stays keeps its
-    slice unless its slice went over the limit or the pool was packed."""
+    one slice, no slice over 64, and a device that stays keeps its slice
+    unless the pool was packed anew."""
     slots: dict[str, int] = {}
     count = 0
     for present, tainted in steps:
@@ -270,12 +268,11 @@ def test_placing_keeps_every_device_in_one_slice_within_the_limits(steps):
         for device in devices:
             groups.setdefault(slots[device["name"]], []).append(device)
         for group in groups.values():
-            assert len(group) <= (64 if any("taints" in d for d in group) else 128)
+            assert len(group) <= 64
         if count and new_count >= count:  # not packed again: who stayed kept its slice
-            crowded = {i for i, g in groups.items() if any("taints" in d for d in g)}
             for name, i in before.items():
-                if name in slots and slots[name] != i:
-                    assert i in crowded
+                if name in slots:
+                    assert slots[name] == i
         count = new_count
 
 
@@ -301,7 +298,7 @@ async def test_a_pool_continues_the_generation_it_finds_and_drops_slices_it_no_l
     pool = Pool(api, "d.io", "n1", "e.com/r")
     await pool.publish([{"name": "x0"}])
     assert pool.generation == 42
-    assert api.deleted == [left[1]["metadata"]["name"]]
+    assert api.deleted == [s["metadata"]["name"] for s in left[1:]]
     assert [s["spec"]["pool"]["generation"] for s in api.slices.values()] == [42]
     await pool.delete()
     assert api.slices == {}
@@ -533,7 +530,7 @@ async def test_a_publication_half_written_is_written_again_though_the_devices_we
     from powerdev.dra.slices import keep_published
 
     api = PickySlices()
-    listed = [dev(f"/dev/sd{i}", i, unit=f"u{i:03}") for i in range(130)]  # 128 + 2
+    listed = [dev(f"/dev/sd{i}", i, unit=f"u{i:03}") for i in range(130)]  # 56 + 56 + 18
     inventory = Inventory(listed)
     resource = ResourceConfig(name=RESOURCE, api="dra", allocation="each")
     plugin = Plugin(resource, inventory, refresh=None, spec=None)
@@ -541,12 +538,12 @@ async def test_a_publication_half_written_is_written_again_though_the_devices_we
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(keep_published, plugin, pool)
-            assert len(api.slices) == 2 and complete(api)
-            api.refuse = {api.applies + 2}  # the next publication's second write
+            assert len(api.slices) == 3 and complete(api)
+            api.refuse = {api.applies + 3}  # the next publication's last write
             inventory.update(
                 {
                     "/dev/sd0": dev("/dev/sd0", 0, unit="u000", numa=1),  # in the first slice
-                    "/dev/sd129": dev("/dev/sd129", 129, unit="u129", numa=1),  # the second
+                    "/dev/sd129": dev("/dev/sd129", 129, unit="u129", numa=1),  # the third
                 }
             )
             while api.applies < max(api.refuse):
