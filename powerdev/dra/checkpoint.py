@@ -41,6 +41,7 @@ class HeldDevice:
     identity: str | None = None
     gone: str | None = None  # why it was not written back at start
     share_id: str | None = None  # which allocation of a device shared by several
+    shared: bool = False  # prepared as a shared resource's: held with the claims that share it
 
     @property
     def cdi_name(self) -> str:
@@ -65,6 +66,8 @@ class HeldDevice:
             out["gone"] = self.gone
         if self.share_id is not None:
             out["share_id"] = self.share_id
+        if self.shared:
+            out["shared"] = True
         return out
 
 
@@ -170,6 +173,10 @@ def _device(value: object, where: str) -> HeldDevice:
     admin = d.get("admin", False)
     if not isinstance(admin, bool):
         raise EntryError(f'{where}: "admin" must be true or false')
+    share_id = _optional_string(d, "share_id", where)
+    shared = d.get("shared", share_id is not None)  # a shareID: a shared allocation
+    if not isinstance(shared, bool):
+        raise EntryError(f'{where}: "shared" must be true or false')
     resource = _optional_string(d, "resource", where)
     unit = _optional_string(d, "unit", where)
     if (resource is None) != (unit is None):
@@ -185,7 +192,8 @@ def _device(value: object, where: str) -> HeldDevice:
         keys=[(k[0], k[1], k[2]) for k in keys],
         identity=_optional_string(d, "identity", where),
         gone=_optional_string(d, "gone", where),
-        share_id=_optional_string(d, "share_id", where),
+        share_id=share_id,
+        shared=shared,
     )
 
 

@@ -146,6 +146,7 @@ class Claims:
     _held: dict[str, HeldClaim] = field(default_factory=dict)
     # entries of the checkpoint that do not parse, by claim UID: kept as they are
     _aside: dict[str, object] = field(default_factory=dict)
+    _leaving: dict[str, HeldClaim] = field(default_factory=dict)  # being unprepared: saving
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
     _saving: trio.Lock = field(default_factory=trio.Lock)
     _names: dict[str, _PublishedNames] = field(default_factory=dict)  # by resource name
@@ -449,6 +450,8 @@ class Claims:
             held = self._held.pop(claim.uid, None)
             aside = self._aside.pop(claim.uid, None)
             if held is not None or aside is not None:
+                if held is not None:
+                    self._leaving[claim.uid] = held
                 try:
                     await self._save()
                 except OSError as err:
@@ -462,6 +465,8 @@ class Claims:
                         "stays prepared until it can (free space there), and the kubelet "
                         "tries again"
                     ) from err
+                finally:
+                    self._leaving.pop(claim.uid, None)
                 self._tell_ledger(claim.uid, held, prepared=False)
             try:
                 await trio.to_thread.run_sync(_remove_in, self.spec_path(claim.uid))
@@ -539,6 +544,8 @@ class Claims:
                     "it is prepared once that holder lets go"
                 )
             cdi_name = f"{ref.uid}-{result['device']}"
+            if any(d.cdi_name == cdi_name for d in devices):  # a shared device allocated twice
+                cdi_name = f"{cdi_name}-{len(devices)}"
             nodes = [device_node(plugin.resource, d) for d in names]
             if admin:  # to look, not to write: another claim may hold it
                 for node in nodes:
@@ -556,6 +563,7 @@ class Claims:
                     keys=sorted({d.key for d in names}),
                     identity=names[0].identity,
                     share_id=result.get("shareID"),
+                    shared=plugin.resource.shared and not admin,
                 )
             )
         spec = {
@@ -590,28 +598,30 @@ class Claims:
         return f"{held.namespace}/{held.name}" if held is not None else uid
 
     def _tell_ledger(self, uid: str, held: HeldClaim | None, *, prepared: bool) -> None:
-        """The claim's devices held in the ledger, or let go (those of a
-        shared resource once no other claim of it holds them: `uid` is no
-        longer in _held then)."""
+        """The claim's devices held in the ledger, or let go: a device it
+        was prepared with as shared (the claim's own record, whatever the
+        config says now) is held by the claims that share it, and let go
+        once no other claim that shares it is prepared or being unprepared
+        (`uid` is in neither then)."""
         if self.ledger is None:
             return
-        shared = {p.resource.name for p in self.plugins() if p.resource.shared}
         if not prepared or held is None:
             self.ledger.unclaimed(uid)
             for d in held.devices if held is not None else ():
-                if d.resource in shared and d.unit is not None and not self._sharers(d):
+                if d.shared and d.unit is not None and not self._sharers(d):
                     self.ledger.unclaimed(SHARED_CLAIMS, (d.resource, d.unit))
             return
         for d in held.devices:
             if d.resource is not None and d.unit is not None and not d.admin:
-                holder = SHARED_CLAIMS if d.resource in shared else uid
+                holder = SHARED_CLAIMS if d.shared else uid
                 self.ledger.claimed(d.resource, d.unit, d.keys, holder)
 
     def _sharers(self, device: HeldDevice) -> bool:
-        """Whether a prepared claim still holds this unit of its resource."""
+        """Whether another claim that shares this unit is prepared, or being
+        unprepared (its save not done: it may yet stay prepared)."""
         return any(
-            (d.resource, d.unit) == (device.resource, device.unit) and not d.admin
-            for held in self._held.values()
+            (d.resource, d.unit) == (device.resource, device.unit) and d.shared
+            for held in (*self._held.values(), *self._leaving.values())
             for d in held.devices
         )
 

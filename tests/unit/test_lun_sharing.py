@@ -5,13 +5,15 @@ claims of a shared LUN hold it together."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
+import trio
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
-from powerdev.dra.claims import ClaimRef, Claims, PrepareError
+from powerdev.dra.claims import ClaimRef, Claims, PrepareError, UnprepareError
 from powerdev.dra.luns import (
     Report,
     cluster_pool_name,
@@ -143,3 +145,100 @@ async def test_an_exclusive_lun_is_still_one_claims(tmp_path):
     with pytest.raises(PrepareError, match="still prepared for ResourceClaim ns/one"):
         await claims.prepare(allocate(allocated, "two", "uid-2"))
     assert holder(plugin).claim == "uid-1"
+
+
+async def test_a_shared_lun_is_let_go_by_its_last_claim_though_sharing_was_turned_off_meanwhile(
+    tmp_path,
+):
+    """A reload sets "shared": false while a claim holds the LUN shared: the
+    claim's own record says how it holds it, so its unprepare lets the LUN
+    go, and a new claim (exclusive now) is prepared."""
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    one = allocate(allocated, "one", "uid-1")
+    await claims.prepare(one)
+    await plugin.reconfigure(dataclasses.replace(plugin.resource, shared=False))
+    with pytest.raises(PrepareError, match="the ResourceClaims that share it"):
+        await claims.prepare(allocate(allocated, "two", "uid-2"))  # not beside a shared hold
+    await claims.unprepare(one)
+    assert holder(plugin) is None
+    await claims.prepare(allocate(allocated, "three", "uid-3"))
+    assert holder(plugin).claim == "uid-3"
+
+
+async def test_a_restart_with_sharing_off_keeps_the_lun_held_while_any_sharer_is_prepared(
+    tmp_path,
+):
+    """Two claims share the LUN; powerdev restarts with "shared": false (a
+    new ConfigMap, the DaemonSet rolled): both still hold it together, and
+    it is let go only when the last is unprepared."""
+    _, claims, allocated = node(tmp_path, shared=True)
+    await claims.prepare(allocate(allocated, "one", "uid-1"))
+    await claims.prepare(allocate(allocated, "two", "uid-2"))
+    plugin, again, allocated = node(tmp_path, shared=False)
+    await again.load()
+    assert holder(plugin).claim == SHARED_CLAIMS
+    await again.unprepare(ClaimRef("ns", "two", "uid-2"))
+    assert holder(plugin).claim == SHARED_CLAIMS  # "one" is still prepared
+    await again.unprepare(ClaimRef("ns", "one", "uid-1"))
+    assert holder(plugin) is None
+
+
+async def test_a_sharer_whose_unprepare_fails_keeps_the_lun_held(tmp_path, monkeypatch):
+    """Two sharers unprepared at once: the first's save is done, the
+    second's fails (a full disk). The second stays prepared, and so the
+    LUN stays held: the first did not let it go while the second's save
+    was under way."""
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    one, two = allocate(allocated, "one", "uid-1"), allocate(allocated, "two", "uid-2")
+    await claims.prepare(one)
+    await claims.prepare(two)
+    saving = claims._save
+    second_saves = trio.Event()
+    done_first = trio.Event()
+
+    async def save() -> None:
+        if "uid-2" in claims._leaving and not second_saves.is_set():
+            second_saves.set()
+            await done_first.wait()  # the first's unprepare ends meanwhile
+            raise OSError(28, "No space left on device")
+        await saving()
+
+    monkeypatch.setattr(claims, "_save", save)
+    async with trio.open_nursery() as nursery:
+
+        async def second() -> None:
+            with pytest.raises(UnprepareError):
+                await claims.unprepare(two)
+
+        nursery.start_soon(second)
+        await second_saves.wait()
+        await claims.unprepare(one)
+        done_first.set()
+    assert "uid-2" in claims._held
+    assert holder(plugin).claim == SHARED_CLAIMS
+
+
+async def test_one_claim_given_a_shared_lun_twice_gets_two_cdi_devices_of_distinct_names(
+    tmp_path,
+):
+    """With allowMultipleAllocations one claim's two requests may get the
+    same LUN (two shareIDs): its spec names two devices, never one name
+    twice (the runtime refuses such a spec)."""
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    results = [
+        {"request": request, "driver": DRIVER, "pool": POOL, "device": "u1", "shareID": share}
+        for request, share in (("a", "share-a"), ("b", "share-b"))
+    ]
+    allocated[("ns", "c")] = {
+        "metadata": {"uid": "uid-c"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+    prepared = await claims.prepare(ClaimRef("ns", "c", "uid-c"))
+    assert [p.share_id for p in prepared] == ["share-a", "share-b"]
+    ids = [i for p in prepared for i in p.cdi_ids]
+    assert len(set(ids)) == 2
+    spec = json.loads(claims.spec_path("uid-c").read_text())
+    names = [d["name"] for d in spec["devices"]]
+    assert len(set(names)) == 2 and all(i.rpartition("=")[2] in names for i in ids)
+    await claims.unprepare(ClaimRef("ns", "c", "uid-c"))
+    assert holder(plugin) is None
