@@ -72,9 +72,21 @@ class Controller:
         """Keep the cluster pools right until cancelled (while leading)."""
         self._reports.clear()
         self._pools.clear()
-        nodes_version = await self._load_nodes()  # before any merge: none would be selected
-        version = await self._load()
-        await self._recall()
+        backoff = Backoff(*RETRY)
+        while True:  # what is there now, before any merge (without Nodes none is selected)
+            try:
+                nodes_version = await self._load_nodes()
+                version = await self._load()
+                await self._recall()
+                break
+            except Exception as err:  # the API server, or a role without a call it needs
+                log.warning(
+                    "luns: cannot read the Nodes, the reports or the cluster pools (%s): "
+                    "trying again",
+                    err,
+                )
+                self._pools.clear()
+                await trio.sleep(backoff.next())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, version)
             nursery.start_soon(self._watch_nodes, nodes_version)
@@ -247,7 +259,13 @@ class Controller:
         self.passes += 1
         if self._unsure:
             self._pools.clear()
-            await self._recall()
+            try:
+                await self._recall()
+            except Exception as err:  # the API server: tried again at once after a pause
+                log.warning("luns: cannot read the cluster pools (%s): trying again", err)
+                self._changed.set()
+                await trio.sleep(self._backoff.next())
+                return
             self._unsure = False
         live = self._live()
         hostnames = self._hostnames(live)

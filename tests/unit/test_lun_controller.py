@@ -246,3 +246,50 @@ async def test_a_new_leader_completes_a_pool_its_predecessor_left_short():
             nursery.cancel_scope.cancel()
     assert generations(api) == {6} and again.writes == 2
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.slices.values()} == {2}
+
+
+class Refusing(FakeApi):
+    """Refuses the Node list a first time (a role from before the Node
+    watch: 403), then a cluster pool list and a slice write once each."""
+
+    def __init__(self, *bodies: dict[str, Any]) -> None:
+        super().__init__(*bodies)
+        self.refusals = {"nodes": 1, "cluster_slices": 1, "apply_slice": 0}
+
+    def _refuse(self, call: str) -> None:
+        if self.refusals[call]:
+            self.refusals[call] -= 1
+            raise OSError(f"403 Forbidden: {call}")
+
+    async def nodes(self) -> tuple[dict[str, NodeSeen], str]:
+        self._refuse("nodes")
+        return await super().nodes()
+
+    async def cluster_slices(self, driver: str, prefix: str) -> list[dict[str, Any]]:
+        self._refuse("cluster_slices")
+        return await super().cluster_slices(driver, prefix)
+
+    async def apply_slice(self, body: dict[str, Any]) -> None:
+        self._refuse("apply_slice")
+        await super().apply_slice(body)
+
+
+async def test_a_leader_that_cannot_read_the_nodes_or_the_pool_tries_again_and_never_exits(
+    autojump_clock,
+):
+    """At takeover the Node list and the pool's list are refused once each:
+    the controller says so and tries again, rather than ending (the Lease
+    would then go round the replicas, none publishing). A slice write that
+    fails, and the pool's list after it that fails too, are tried again."""
+    api = Refusing(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        with trio.fail_after(60):
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+        api.refusals.update(apply_slice=1, cluster_slices=1)
+        await api.send.send(("MODIFIED", body("b", 2, 101)))  # b lost the LUN
+        with trio.fail_after(60):
+            await until(api, lambda nodes: nodes == [["a"]])
+        assert api.refusals == {"nodes": 0, "cluster_slices": 0, "apply_slice": 0}
+        nursery.cancel_scope.cancel()
