@@ -245,7 +245,7 @@ class DraDriver:
             return
         from powerdev.dra.claims import holds_claims
 
-        if not holds_claims(settings.plugins_dir / settings.driver):
+        if not await trio.to_thread.run_sync(holds_claims, settings.plugins_dir / settings.driver):
             return
         log.info("DRA: the checkpoint holds prepared claims: starting driver %s", settings.driver)
         try:
