@@ -91,6 +91,12 @@ def chosen(pool: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {name: nodes for body in pool for name, nodes in selection(body).items()}
 
 
+def _missing(pool: list[dict[str, Any]], found: list[Sighting], names: list[str]) -> list[Sighting]:
+    """The LUNs the pool does not yet select on all the nodes."""
+    now = chosen(pool)
+    return [lun for lun in found if now.get(lun.device) != names]
+
+
 def sightings(count: int) -> list[Sighting]:
     return [
         Sighting(f"lun-{i:04d}", f"DM_UUID=mpath-{WWID.format(i)}", 2, SIZE, "IBM", "2145")
@@ -132,22 +138,27 @@ async def pool_at(api: Any, generation: int = 0) -> list[dict[str, Any]]:
 
 async def lun_seen(
     api: Any, pool: list[dict[str, Any]], device: str, nodes: list[str]
-) -> list[dict[str, Any]]:
-    """The whole pool once `device` is selected on exactly `nodes`. A LUN
-    keeps its slice, and a change of one slice is written at the same
-    generation: so the slice that holds it is watched, until it selects
-    the nodes or carries a newer generation (then the pool is read again,
-    and the device looked for where it is now)."""
+) -> tuple[list[dict[str, Any]], float]:
+    """The whole pool once `device` is selected on exactly `nodes`, and
+    when it was (perf_counter). A LUN keeps its slice, and a change of one
+    slice is written at the same generation: so the slice that holds it is
+    watched, until it selects the nodes (the pool is whole then; it is
+    read after) or carries a newer generation (whole once every slice has
+    it; the device is then looked for where it is now)."""
+    at = time.perf_counter()
     while True:
         generation = pool[0]["spec"]["pool"]["generation"]
         if chosen(pool).get(device) == nodes:
-            return pool
+            return pool, at
         holder = next(
             (s["metadata"]["name"] for s in pool if device in selection(s)),
             pool[0]["metadata"]["name"],
         )
         body = await api.wait_for(SLICES, holder, partial(_moved, generation, device, nodes))
+        at = time.perf_counter()
         pool = await pool_at(api, body["spec"]["pool"]["generation"])
+        if body["spec"]["pool"]["generation"] != generation:
+            at = time.perf_counter()
 
 
 def _moved(generation: int, device: str, nodes: list[str], body: dict[str, Any]) -> bool:
@@ -186,10 +197,8 @@ async def measure_scale(
             async with controller(plane, Path(tmp) / "luns.log") as proc:
                 with trio.fail_after(WAIT_LIMIT):
                     pool = await pool_at(api)
-                    while missing := [
-                        lun for lun in found if chosen(pool).get(lun.device) != names
-                    ]:
-                        pool = await lun_seen(api, pool, missing[0].device, names)
+                    while missing := _missing(pool, found, names):
+                        pool, _ = await lun_seen(api, pool, missing[0].device, names)
                 start = time.perf_counter() - began
                 rss_start = rss_mib(proc.pid)
                 results.add(
@@ -212,8 +221,8 @@ async def measure_scale(
                     began = time.perf_counter()
                     await apply(api, body)
                     with trio.fail_after(WAIT_LIMIT):
-                        pool = await lun_seen(api, pool, gone, want)
-                    samples.append(time.perf_counter() - began)
+                        pool, seen_at = await lun_seen(api, pool, gone, want)
+                    samples.append(seen_at - began)
                     cpu.append((cpu_ns(proc.pid) - used) / 1e9)
                     after = versions(pool)
                     writes.append(
@@ -236,7 +245,7 @@ async def measure_scale(
                 )  # fmt: skip
                 await apply(api, body)
                 with trio.fail_after(WAIT_LIMIT):
-                    pool = await lun_seen(api, pool, gone, names[1:])
+                    pool, _ = await lun_seen(api, pool, gone, names[1:])
                 change = sorted(cpu)[len(cpu) // 2]
                 per_beat = max(0.0, (cpu_ns(proc.pid) - used) / 1e9 - change) / beats
                 rss = rss_mib(proc.pid)
@@ -420,7 +429,7 @@ async def measure_path_change(
                     await apply(api, report_body(NAMESPACE, other, DRIVER, RESOURCE, [twin], 1))
                     both = [sorted([node, other])]
                     with trio.fail_after(WAIT_LIMIT):
-                        pool = await lun_seen(api, await pool_at(api), seen.device, both[0])
+                        pool, _ = await lun_seen(api, await pool_at(api), seen.device, both[0])
                     to_report, to_pool, writes = [], [], []
                     for i in range(changes):
                         lost = i % 2 == 0
@@ -437,8 +446,8 @@ async def measure_path_change(
                                 CONFIGMAPS, mine, partial(_reports_it, not lost)
                             )
                             to_report.append(time.perf_counter() - began)
-                            pool = await lun_seen(api, pool, seen.device, want[0])
-                        to_pool.append(time.perf_counter() - began)
+                            pool, seen_at = await lun_seen(api, pool, seen.device, want[0])
+                        to_pool.append(seen_at - began)
                         heartbeats = int(changed["data"]["heartbeat"]) - int(
                             mark["data"]["heartbeat"]
                         )
