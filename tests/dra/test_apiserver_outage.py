@@ -20,6 +20,7 @@ through the CDI library, and the new claim prepares."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from tests.controlplane_fixtures import NEEDED, require_tools
 from tests.dra.test_driver import RESOURCE, Node, dra_node
 from tests.dra.test_driver_services import call
 from tests.dra.test_harness import RESOURCE_API, dirs
+from tests.integration.test_opsport import get
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: distinct nodes (mknod)")
 
@@ -56,6 +58,28 @@ def cdicheck() -> Path:
 
 def paths(item: dict) -> list[str]:
     return sorted(d["attributes"]["path"]["string"] for d in item["spec"]["devices"])
+
+
+def with_port(node: Node) -> Node:
+    """The node's `powerdev run` with its metrics and probe port on a free port."""
+    return dataclasses.replace(node, command=[*node.command, "--metrics-address", "127.0.0.1:0"])
+
+
+async def ops_port(log: Path) -> int:
+    pattern = re.compile(r"serving /metrics, /healthz, /readyz on [\d.]+:(\d+)")
+    text = await wait_for_file(log, lambda text: pattern.search(text) is not None)
+    found = pattern.search(text)
+    assert found is not None
+    return int(found.group(1))
+
+
+def failed_publications(answer: tuple[int, dict[str, str], bytes]) -> float:
+    """powerdev_dra_publications_total{result="failed"}, summed over resources."""
+    total = 0.0
+    for line in answer[2].decode().splitlines():
+        if line.startswith("powerdev_dra_publications_total{") and 'result="failed"' in line:
+            total += float(line.rpartition(" ")[2])
+    return total
 
 
 def published(log: str) -> list[int]:
@@ -138,8 +162,9 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             plane.api() as api,
             dra_node(api, plane, draharness, tmp_path, ("dra0", "dra1")) as node,
             asyncio_door(),
-            daemon(node, log) as proc,
+            daemon(with_port(node), log) as proc,
         ):
+            port = await ops_port(log)
             # A device made once the kubelet has asked for a publication:
             # the one that shows it is the last that anything asked for.
             make_nodes(dev, ["dra2"])
@@ -153,6 +178,7 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             text = await wait_for_file(log, lambda t: f"{said}(generation {generation})" in t)
             publications = published(text)
             assert publications[-1] == generation
+            assert (await get(port, "/readyz"))[0] == 200  # published: nothing to say
             names = device_paths(before)
             # p1 prepared; p2 allocated and reserved for its pod by the
             # scheduler, never prepared.
@@ -173,6 +199,13 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
                 await wait_for_file(log, lambda text: "added dra3;" in text)
                 (dev / Path(spare).name).unlink()
                 await wait_for_file(log, lambda text: f"removed {Path(spare).name};" in text)
+                # Not ready while its pool cannot be published, and why; the
+                # failed tries counted (the problem is set before it is logged).
+                await wait_for_file(log, lambda text: "cannot publish its ResourceSlices" in text)
+                status, _, body = await get(port, "/readyz")
+                assert status == 503
+                assert b"its ResourceSlices cannot be published" in body
+                assert failed_publications(await get(port, "/metrics")) >= 1
                 # The kubelet's question, on the driver's socket: the claim
                 # prepared before is answered from the checkpoint; the new
                 # one, which cannot be read, gets its own error, and no spec.
@@ -203,6 +236,7 @@ async def test_an_api_server_outage_loses_nothing_prepared_and_publishes_the_poo
             assert len({d["name"] for d in after["spec"]["devices"]}) == len(now)
             text = await wait_for_file(log, lambda t: len(published(t)) > len(publications))
             assert published(text)[len(publications) :] == [pool["generation"]]
+            assert (await get(port, "/readyz"))[0] == 200  # ready again once published
 
             # What was prepared still resolves; the new claim prepares now.
             resolved = inject(cdicheck, [node.cdi], ids)

@@ -56,11 +56,10 @@ async def publishing(
     full = Settings(
         plugin_dir=tmp_path / "device-plugins",
         dev_root=dev,
-        uevents="off",
         cdi_spec_dir=tmp_path / "cdi",
         pod_resources_socket=None,
         dra=dra,
-        **{"sys_root": Path("/sys"), **settings},  # type: ignore[arg-type]
+        **{"sys_root": Path("/sys"), "uevents": "off", **settings},  # type: ignore[arg-type]
     )
     parsed = parse_config(config, source="config.json")
     async with asyncio_door(), trio.open_nursery() as nursery:
@@ -81,7 +80,7 @@ def names(item: dict) -> list[str]:
 
 
 def paths(item: dict) -> list[str]:
-    return sorted(d["attributes"]["path"]["string"] for d in item["spec"]["devices"])
+    return sorted(d["attributes"]["path"]["string"] for d in item["spec"].get("devices", []))
 
 
 async def counted_after(before: float) -> dict[str, float]:
@@ -154,6 +153,32 @@ async def test_a_pool_is_published_kept_current_and_deleted(api, control_plane, 
         # powerdev stopped: its pool is gone.
         await api.wait_gone(SLICES, first)
         assert publications()["slices"] == 0
+
+
+async def test_a_device_whose_path_is_too_long_for_an_attribute_is_published_without_it(
+    api, control_plane, tmp_path, caplog
+):
+    """A path over the 64 characters an attribute may hold: the device is
+    published without its path attribute, the API server takes the pool
+    (one device of it never refuses all of them), and it is said once."""
+    dev = tmp_path / "dev"
+    long = "dra-" + "x" * 70
+    make_nodes(dev, ["dra0", long])
+    with trio.fail_after(LIMIT):
+        async with publishing(tmp_path, control_plane, dev, dra_config()) as (node, driver):
+            first = slice_name(node, driver, RESOURCE, 0)
+            item = await api.wait_for(SLICES, first, lambda s: len(s["spec"]["devices"]) == 2)
+            without = [d for d in item["spec"]["devices"] if "path" not in d["attributes"]]
+            assert len(without) == 1 and without[0]["attributes"]["kind"] == {"string": "char"}
+            kept = [d["attributes"]["path"] for d in item["spec"]["devices"] if d not in without]
+            assert kept == [{"string": "/dev/dra0"}]
+    said = [
+        r.getMessage() for r in caplog.records if "published without its path" in r.getMessage()
+    ]
+    assert said == [
+        f"{RESOURCE}: /dev/{long} is published without its path attribute: longer than the "
+        "64 characters the API allows"
+    ]
 
 
 async def test_200_devices_make_four_slices_of_one_generation(api, control_plane, tmp_path):

@@ -1,7 +1,8 @@
 """A block device with no medium is not offered (root, real loop devices and
 real uevents): a loop device detached with `losetup -d` turns Unhealthy
-where it is listed, and Healthy again once a file is attached; a loop
-device made with no file is never listed. The indexes are this file's
+where it is listed, and Healthy again once a file is attached, and
+through DRA leaves its slice and comes back; a loop device made with no
+file is never listed. The indexes are this file's
 own (430-439), apart from every other test's, and it does not sweep
 powerdev.devtools.testing's range (another test may hold those)."""
 
@@ -81,3 +82,32 @@ async def test_a_detached_loop_device_is_unhealthy_until_a_file_is_attached_agai
             listed = {d.path for d in h.plugin.inventory.current.devices}
             assert f"/dev/loop{FIRST + 1}" not in listed
             assert len(h.state().devices) == 2
+
+
+async def test_a_published_loop_device_leaves_its_dra_slice_when_detached_and_comes_back(
+    api, control_plane, tmp_path
+):
+    """The same through DRA, against the kit's API server: a loop device
+    detached with `losetup -d` leaves the pool's slice, and is published
+    again once a file is attached."""
+    from powerdev.dra.names import slice_name
+    from tests.dra.test_slices import RESOURCE, SLICES, dra_config, paths, publishing
+
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    config = dra_config(**{"include-devices": ["/dev/loop43[0-9]"]})
+    loop = f"/dev/loop{FIRST}"
+    with loops(backing) as control, trio.fail_after(LIMIT * 3):
+        control.add(FIRST, medium=True)
+        async with publishing(tmp_path, control_plane, Path("/dev"), config, uevents="kernel") as (
+            node,
+            driver,
+        ):
+            first = slice_name(node, driver, RESOURCE, 0)
+            item = await api.wait_for(SLICES, first, lambda s: paths(s) == [loop])
+            (device,) = item["spec"]["devices"]
+            assert device["capacity"]["size"]["value"] != "0"
+            await trio.run_process(["losetup", "-d", loop])
+            await api.wait_for(SLICES, first, lambda s: paths(s) == [])
+            control.attach(FIRST)  # the same file again
+            await api.wait_for(SLICES, first, lambda s: paths(s) == [loop])
