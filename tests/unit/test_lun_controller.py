@@ -4,6 +4,7 @@ and with a watch that keeps failing."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -84,6 +85,21 @@ async def until(api: FakeApi, predicate) -> None:
         await api.applied.wait()
 
 
+@contextlib.asynccontextmanager
+async def leading(
+    api: FakeApi, limit: float = 1.0
+) -> AsyncIterator[tuple[Controller, trio.Nursery]]:
+    """The controller leading over `api`, once it has published the LUN for
+    nodes a and b (within `limit` seconds); cancelled on the way out."""
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        with trio.fail_after(limit):
+            await until(api, lambda nodes: nodes == [["a", "b"]])
+        yield controller, nursery
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_silent_node_leaves_after_the_ttl_even_when_the_watch_keeps_failing(
     autojump_clock,
 ):
@@ -91,17 +107,12 @@ async def test_a_silent_node_leaves_after_the_ttl_even_when_the_watch_keeps_fail
     unchanged (its resourceVersion the same) is no heartbeat, so a node
     whose powerdev was killed still leaves after the ttl."""
     api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN), watch_fails=True)
-    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(controller.run)
-        with trio.fail_after(1):
-            await until(api, lambda nodes: nodes == [["a", "b"]])
+    async with leading(api) as (_, nursery):
         began = trio.current_time()
         nursery.start_soon(beat, api, "b")  # b's heartbeat goes on; a's stopped
         with trio.fail_after(TTL * 3):
             await until(api, lambda nodes: nodes == [["b"]])
         assert trio.current_time() - began >= TTL - 1
-        nursery.cancel_scope.cancel()
 
 
 async def beat(api: FakeApi, node: str) -> None:
@@ -120,11 +131,7 @@ async def test_the_watch_starts_from_the_lists_version_and_a_heartbeat_merges_no
     change (only its heartbeat) keeps its node alive without a merge of
     every report; a change is merged and published."""
     api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
-    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(controller.run)
-        with trio.fail_after(1):
-            await until(api, lambda nodes: nodes == [["a", "b"]])
+    async with leading(api) as (controller, _):
         passes = controller.passes
         for heartbeat in range(2, 12):  # ten heartbeats of b, over a quarter of the ttl
             await api.send.send(("MODIFIED", body("b", heartbeat, 100 + heartbeat, LUN)))
@@ -134,7 +141,6 @@ async def test_the_watch_starts_from_the_lists_version_and_a_heartbeat_merges_no
         with trio.fail_after(1):
             await until(api, lambda nodes: nodes == [["a"]])
         assert api.watched_from == ["100"]  # one watch, from the list's version
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_node_that_goes_not_ready_leaves_every_selection_at_once_and_comes_back(
@@ -145,11 +151,8 @@ async def test_a_node_that_goes_not_ready_leaves_every_selection_at_once_and_com
     a Node deleted leaves too. A Node's change that is no change of its
     label or readiness (a status heartbeat) publishes nothing."""
     api = FakeApi(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
-    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(controller.run)
+    async with leading(api) as (controller, _):
         with trio.fail_after(1):
-            await until(api, lambda nodes: nodes == [["a", "b"]])
             began = trio.current_time()
             await api.node_send.send(("MODIFIED", "a", NodeSeen("a", False), "51"))
             await until(api, lambda nodes: nodes == [["b"]])
@@ -162,7 +165,6 @@ async def test_a_node_that_goes_not_ready_leaves_every_selection_at_once_and_com
             assert controller.passes == passes + 1
             await api.node_send.send(("DELETED", "b", NodeSeen("b", True), "54"))
             await until(api, lambda nodes: nodes == [["a"]])
-        nursery.cancel_scope.cancel()
 
 
 def many(count: int) -> list[Sighting]:
@@ -282,14 +284,9 @@ async def test_a_leader_that_cannot_read_the_nodes_or_the_pool_tries_again_and_n
     would then go round the replicas, none publishing). A slice write that
     fails, and the pool's list after it that fails too, are tried again."""
     api = Refusing(body("a", 1, 5, LUN), body("b", 1, 6, LUN))
-    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(controller.run)
-        with trio.fail_after(60):
-            await until(api, lambda nodes: nodes == [["a", "b"]])
+    async with leading(api, limit=60):
         api.refusals.update(apply_slice=1, cluster_slices=1)
         await api.send.send(("MODIFIED", body("b", 2, 101)))  # b lost the LUN
         with trio.fail_after(60):
             await until(api, lambda nodes: nodes == [["a"]])
         assert api.refusals == {"nodes": 0, "cluster_slices": 0, "apply_slice": 0}
-        nursery.cancel_scope.cancel()

@@ -109,6 +109,17 @@ def holder(plugin: Plugin):
     return plugin.ledger.holder_of(only.key)
 
 
+async def restarted_with_two_sharers(tmp_path, *, shared: bool) -> tuple[Plugin, Claims]:
+    """Claims one and two prepared on a shared LUN; then powerdev started
+    again with `shared` in its config, its checkpoint loaded."""
+    _, claims, allocated = node(tmp_path, shared=True)
+    await claims.prepare(allocate(allocated, "one", "uid-1"))
+    await claims.prepare(allocate(allocated, "two", "uid-2"))
+    plugin, again, _ = node(tmp_path, shared=shared)
+    await again.load()
+    return plugin, again
+
+
 async def test_the_claims_of_a_shared_lun_hold_it_together_until_the_last_lets_go(tmp_path):
     plugin, claims, allocated = node(tmp_path, shared=True)
     one = allocate(allocated, "one", "uid-1")
@@ -125,11 +136,7 @@ async def test_the_claims_of_a_shared_lun_hold_it_together_until_the_last_lets_g
 
 
 async def test_a_restart_holds_a_shared_lun_for_its_claims_and_keeps_their_shares(tmp_path):
-    _, claims, allocated = node(tmp_path, shared=True)
-    await claims.prepare(allocate(allocated, "one", "uid-1"))
-    await claims.prepare(allocate(allocated, "two", "uid-2"))
-    plugin, again, allocated = node(tmp_path, shared=True)
-    await again.load()
+    plugin, again = await restarted_with_two_sharers(tmp_path, shared=True)
     assert holder(plugin).claim == SHARED_CLAIMS
     (prepared,) = await again.prepare(ClaimRef("ns", "two", "uid-2"))
     assert prepared.share_id == "2-diu"  # from the checkpoint: the API server is not asked
@@ -171,11 +178,7 @@ async def test_a_restart_with_sharing_off_keeps_the_lun_held_while_any_sharer_is
     """Two claims share the LUN; powerdev restarts with "shared": false (a
     new ConfigMap, the DaemonSet rolled): both still hold it together, and
     it is let go only when the last is unprepared."""
-    _, claims, allocated = node(tmp_path, shared=True)
-    await claims.prepare(allocate(allocated, "one", "uid-1"))
-    await claims.prepare(allocate(allocated, "two", "uid-2"))
-    plugin, again, allocated = node(tmp_path, shared=False)
-    await again.load()
+    plugin, again = await restarted_with_two_sharers(tmp_path, shared=False)
     assert holder(plugin).claim == SHARED_CLAIMS
     await again.unprepare(ClaimRef("ns", "two", "uid-2"))
     assert holder(plugin).claim == SHARED_CLAIMS  # "one" is still prepared
