@@ -174,7 +174,9 @@ def _device(value: object, where: str) -> HeldDevice:
     if not isinstance(admin, bool):
         raise EntryError(f'{where}: "admin" must be true or false')
     share_id = _optional_string(d, "share_id", where)
-    shared = d.get("shared", share_id is not None)  # a shareID: a shared allocation
+    # before "shared" was written: a shareID is a shared allocation, unless
+    # admin access (which never holds)
+    shared = d.get("shared", share_id is not None and not admin)
     if not isinstance(shared, bool):
         raise EntryError(f'{where}: "shared" must be true or false')
     resource = _optional_string(d, "resource", where)

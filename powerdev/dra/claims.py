@@ -453,12 +453,14 @@ class Claims:
                 if held is not None:
                     self._leaving[claim.uid] = held
                 try:
-                    await self._save()
-                except OSError as err:
+                    await self._save(leaving=claim.uid)
+                except BaseException as err:  # not saved (a full disk, or the call cancelled)
                     if held is not None:
                         self._held[claim.uid] = held
                     if aside is not None:
                         self._aside[claim.uid] = aside
+                    if not isinstance(err, OSError):
+                        raise
                     raise UnprepareError(
                         f"cannot unprepare ResourceClaim {claim.namespace}/{claim.name}: the "
                         f"checkpoint {self.checkpoint_path} cannot be written ({err}); the claim "
@@ -638,13 +640,18 @@ class Claims:
         """The claim's spec, encoded, written and synced in a worker thread."""
         await trio.to_thread.run_sync(_encode_and_write, self.spec_path(uid), held.spec, 1)
 
-    async def _save(self) -> None:
+    async def _save(self, leaving: str | None = None) -> None:
         """The checkpoint as it is now, encoded, written and synced in a
         worker thread; one save at a time, so that none overwrites a later
-        one. Entries set aside are written back as they were read."""
+        one. Entries set aside are written back as they were read; claims
+        being unprepared stay in it until their own save (`leaving`, the
+        one this save is for), which may yet fail."""
         async with self._saving:
             claims: dict[str, object] = {uid: a.value for uid, a in self._aside.items()}
             claims.update((uid, held.to_json()) for uid, held in self._held.items())
+            claims.update(
+                (uid, held.to_json()) for uid, held in self._leaving.items() if uid != leaving
+            )
             data = {"version": CHECKPOINT_VERSION, "claims": claims}
             await trio.to_thread.run_sync(_encode_and_write, self.checkpoint_path, data, None)
 

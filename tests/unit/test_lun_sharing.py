@@ -10,6 +10,7 @@ import json
 
 import pytest
 import trio
+import trio.testing
 
 from powerdev.config import ConfigError, ResourceConfig, parse_config
 from powerdev.devices.inventory import Inventory
@@ -199,12 +200,12 @@ async def test_a_sharer_whose_unprepare_fails_keeps_the_lun_held(tmp_path, monke
     second_saves = trio.Event()
     done_first = trio.Event()
 
-    async def save() -> None:
-        if "uid-2" in claims._leaving and not second_saves.is_set():
+    async def save(leaving: str | None = None) -> None:
+        if leaving == "uid-2" and not second_saves.is_set():
             second_saves.set()
             await done_first.wait()  # the first's unprepare ends meanwhile
             raise OSError(28, "No space left on device")
-        await saving()
+        await saving(leaving)
 
     monkeypatch.setattr(claims, "_save", save)
     async with trio.open_nursery() as nursery:
@@ -219,6 +220,64 @@ async def test_a_sharer_whose_unprepare_fails_keeps_the_lun_held(tmp_path, monke
         done_first.set()
     assert "uid-2" in claims._held
     assert holder(plugin).claim == SHARED_CLAIMS
+    # and the file says so too: the first's save kept the second, whose own
+    # save had not been done; started again, the LUN is held for it
+    assert list(json.loads(claims.checkpoint_path.read_text())["claims"]) == ["uid-2"]
+    plugin, again, _ = node(tmp_path, shared=True)
+    await again.load()
+    assert holder(plugin).claim == SHARED_CLAIMS
+
+
+async def test_an_unprepare_cancelled_before_its_save_keeps_the_claim_held(tmp_path):
+    """The kubelet's deadline passes while the unprepare waits for another
+    save: the claim stays prepared and held, in memory as on disk, and the
+    kubelet's next try lets it go."""
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    one = allocate(allocated, "one", "uid-1")
+    await claims.prepare(one)
+    release = trio.Event()
+
+    async def another_save() -> None:
+        async with claims._saving:
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(another_save)
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.move_on_after(0.05) as waited:
+            await claims.unprepare(one)
+        assert waited.cancelled_caught
+        release.set()
+    assert "uid-1" in claims._held and holder(plugin).claim == SHARED_CLAIMS
+    await claims.unprepare(one)
+    assert holder(plugin) is None
+    assert json.loads(claims.checkpoint_path.read_text())["claims"] == {}
+
+
+async def test_an_admin_claim_from_a_checkpoint_before_shared_was_written_holds_nothing(tmp_path):
+    """A checkpoint an earlier powerdev wrote has no "shared": a device with
+    a shareID is taken for a shared one, unless the claim has admin access,
+    which never holds; the last real sharer lets the LUN go."""
+    plugin, claims, allocated = node(tmp_path, shared=True)
+    one = allocate(allocated, "one", "uid-1")
+    await claims.prepare(one)
+    (result,) = allocated[("ns", "one")]["status"]["allocation"]["devices"]["results"]
+    admin = {**result, "shareID": "admin-share", "adminAccess": True}
+    allocated[("ns", "adm")] = {
+        "metadata": {"uid": "uid-adm"},
+        "status": {"allocation": {"devices": {"results": [admin]}}},
+    }
+    await claims.prepare(ClaimRef("ns", "adm", "uid-adm"))
+    data = json.loads(claims.checkpoint_path.read_text())
+    for entry in data["claims"].values():
+        for written in entry["devices"]:
+            written.pop("shared", None)
+    claims.checkpoint_path.write_text(json.dumps(data))
+    plugin, again, _ = node(tmp_path, shared=True)
+    await again.load()
+    assert holder(plugin).claim == SHARED_CLAIMS  # "one", read as shared by its shareID
+    await again.unprepare(one)
+    assert holder(plugin) is None
 
 
 async def test_one_claim_given_a_shared_lun_twice_gets_two_cdi_devices_of_distinct_names(
