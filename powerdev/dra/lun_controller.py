@@ -270,6 +270,7 @@ class Controller:
         live = self._live()
         hostnames = self._hostnames(live)
         resources = sorted({r.resource for r in live} | set(self._pools))
+        failed = False
         for resource in resources:
             devices, conflicts = merge(resource, live, hostnames)
             said = [c.describe() for c in conflicts]
@@ -282,13 +283,15 @@ class Controller:
                     log.error("luns: %s: %s", resource, text)
             try:
                 await self._publish(resource, devices)
-            except Exception as err:  # the API server; tried again at the next change
+            except Exception as err:  # the API server; tried again after a pause
                 log.warning("luns: %s: cannot publish the cluster pool (%s)", resource, err)
                 self._unsure = True
-                self._changed.set()
-                await trio.sleep(self._backoff.next())
-            else:
-                self._backoff.reset()
+                failed = True
+        if failed:  # one pause a pass, longer each pass that fails: no spin
+            self._changed.set()
+            await trio.sleep(self._backoff.next())
+        else:
+            self._backoff.reset()
 
     async def _publish(self, resource: str, devices: list[dict[str, Any]]) -> None:
         """The pool's devices written: one slice changed (each device keeps

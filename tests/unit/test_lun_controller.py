@@ -290,3 +290,38 @@ async def test_a_leader_that_cannot_read_the_nodes_or_the_pool_tries_again_and_n
         with trio.fail_after(60):
             await until(api, lambda nodes: nodes == [["a"]])
         assert api.refusals == {"nodes": 0, "cluster_slices": 0, "apply_slice": 0}
+
+
+class OneRefused(FakeApi):
+    """Refuses every write of one resource's pool (an admission policy, a
+    validation error); the other resource's pool is taken."""
+
+    lists = 0
+
+    async def apply_slice(self, body: dict[str, Any]) -> None:
+        if "r/bad" in body["spec"]["pool"]["name"]:
+            raise OSError("422 Unprocessable Entity")
+        await super().apply_slice(body)
+
+    async def cluster_slices(self, driver: str, prefix: str) -> list[dict[str, Any]]:
+        self.lists += 1
+        return await super().cluster_slices(driver, prefix)
+
+
+async def test_a_pool_that_is_always_refused_is_tried_again_ever_more_slowly(autojump_clock):
+    """One resource's pool is refused at every write, another's is taken: the
+    pause between passes grows (0.1 s doubling to 10 s) although the other
+    pool succeeds, instead of a pass and a list of every slice five times
+    a second."""
+    refused = report_body("ns", "a", "d", "r/bad", [LUN], 1)
+    taken = report_body("ns", "b", "d", "r/good", [LUN], 1)
+    for version, made in enumerate((refused, taken), start=5):
+        made["metadata"]["resourceVersion"] = str(version)
+    api = OneRefused(refused, taken)
+    controller = Controller(api, "ns", "d", TTL)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(controller.run)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert controller.passes <= 15 and api.lists <= 16  # 0.1 + 0.2 + ... then 10 s a pass
+    assert any("r/good" in s["spec"]["pool"]["name"] for s in api.slices.values())
