@@ -34,7 +34,7 @@ from typing import Any
 
 from powerdev.devices.condition import FAILED, FINE, STATES, Condition
 from powerdev.devices.model import Device
-from powerdev.dra.names import pool_name
+from powerdev.dra.names import byte_quantity, pool_name
 from powerdev.dra.placement import CLUSTER_POOL, place
 
 REPORT_LABEL = "powerdev.io/lun-report"  # on every node's report ConfigMap
@@ -357,7 +357,7 @@ def _device(
         },
     }
     if s.size is not None:
-        device["capacity"] = {"size": {"value": str(s.size)}}
+        device["capacity"] = {"size": {"value": byte_quantity(s.size)}}
         if shared:
             # A claim that asks for no part of the size consumes none of it
             # (unset, it would consume all of it: one claim again).

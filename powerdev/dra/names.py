@@ -1,6 +1,7 @@
 """The names DRA objects get: a device's name in a slice (a DNS label from
 its unit ID, stable across restarts), a resource's pool on a node, the
-ResourceSlice objects' own names, and the driver's two sockets. Pure
+ResourceSlice objects' own names, and the driver's two sockets; and a
+byte count spelled as the API server spells a quantity back. Pure
 functions."""
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ _NOT_LABEL = re.compile(r"[^a-z0-9-]")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _HASH = 8
+_DECIMAL = ("", "k", "M", "G", "T", "P", "E")  # a quantity's decimal suffixes
+
+
+def byte_quantity(size: int) -> str:
+    """`size` as the API server writes the quantity back (canonical, decimal:
+    100000000000 is "100G", 1048576 stays): what is published reads back
+    the same, so a slice read from the server compares equal to it."""
+    mantissa, power = size, 0
+    while mantissa and mantissa % 1000 == 0 and power < len(_DECIMAL) - 1:
+        mantissa, power = mantissa // 1000, power + 1
+    return f"{mantissa}{_DECIMAL[power]}"
 
 
 def _digest(text: str) -> str:

@@ -44,7 +44,13 @@ import trio.lowlevel
 from powerdev.devices.condition import DEGRADED, FAILED, FINE, Condition
 from powerdev.devices.family import Key
 from powerdev.devices.model import Device
-from powerdev.dra.names import counter_slice_name, device_name, pool_name, slice_name
+from powerdev.dra.names import (
+    byte_quantity,
+    counter_slice_name,
+    device_name,
+    pool_name,
+    slice_name,
+)
 from powerdev.dra.placement import chunks, place
 from powerdev.ops import metrics
 from powerdev.resources import families
@@ -99,7 +105,7 @@ def _capacity(size: int) -> dict[str, Any]:
     key = ("capacity", size)
     found = _ALIKE.get(key)
     if found is None:
-        value = _alike("value", str(size))
+        value = _alike("value", byte_quantity(size))
         found = _ALIKE[key] = {"size": value}
     return found
 

@@ -313,3 +313,31 @@ async def test_a_devices_own_health_is_a_taint_the_api_server_takes(api, control
             for state in states.values():
                 state.write_text("running\n")
             item = await api.wait_for(SLICES, first, lambda s: taints(s, mpatha) == [])
+
+
+async def test_a_size_is_published_as_the_api_server_spells_it_back(control_plane):
+    """Sizes as quantities: what is written reads back the same (the API
+    server writes 100000000000 back as "100G"), so a pool read from the
+    server compares equal to the one built (a new `powerdev luns` leader
+    finds the pool right and writes nothing)."""
+    from powerdev.dra.kubeapi import KubeApi, client
+    from powerdev.dra.names import byte_quantity
+    from powerdev.dra.slices import build_slices
+
+    sizes = [10**11, 1 << 20, 1500, 1000, 1073741824000, 0, 2 * 10**18]
+    devices = [
+        {"name": f"d{i}", "capacity": {"size": {"value": byte_quantity(n)}}}
+        for i, n in enumerate(sizes)
+    ]
+    node = f"q-{secrets.token_hex(3)}"
+    (body,) = build_slices(f"{node}.powerdev.test", node, RESOURCE, devices, 1)
+    writer = KubeApi(client(control_plane.kubeconfig))
+    try:
+        await writer.apply_slice(body)
+        (back,) = await writer.pool_slices(
+            f"{node}.powerdev.test", node, body["spec"]["pool"]["name"]
+        )
+        assert back["spec"]["devices"] == devices
+        await writer.delete_slice(body["metadata"]["name"])
+    finally:
+        await writer.aclose()
