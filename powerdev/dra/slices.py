@@ -600,11 +600,13 @@ class Pool:
         so, and only if the pool was not lost meanwhile (a write that fails
         may have been applied: its slice is then written anew)."""
         name = body["metadata"]["name"]
-        self._written.pop(name, None)
+        before = self._written.pop(name, None)
         try:
             kept = await self.api.apply_slice(body)
-        except TaintEffectRefused:
+        except TaintEffectRefused:  # refused as a whole: what was there still is
             self.none_refused = True
+            if before is not None and self._epoch == epoch:
+                self._written[name] = before
             raise
         if kept is False and uses_counters(body):
             self.counters_dropped = True

@@ -245,20 +245,25 @@ async def test_a_one_device_change_is_one_write_at_the_same_generation():
     assert pool.generation == 2
 
 
-@given(
-    st.lists(
-        st.tuples(st.sets(st.integers(0, 400), max_size=40), st.sets(st.integers(0, 400))),
-        min_size=1,
-        max_size=8,
-    )
+# a run of device numbers (start, length) with some gone, and the tainted ones
+RUNS = st.tuples(
+    st.integers(0, 300),
+    st.integers(0, 400),
+    st.sets(st.integers(0, 700), max_size=40),
+    st.sets(st.integers(0, 700)),
 )
+
+
+@given(st.lists(RUNS, min_size=1, max_size=8))
 def test_placing_keeps_every_device_in_one_slice_within_the_limits(steps):
-    """Whatever comes and goes (and is tainted): every device in exactly
-    one slice, no slice over 64, and a device that stays keeps its slice
-    unless the pool was packed anew."""
+    """Whatever comes and goes (and is tainted), up to 400 devices: every
+    device in exactly one slice, no slice over 64, a device that stays
+    keeps its slice unless the pool was packed anew, and a slice is added
+    only when every slice is full."""
     slots: dict[str, int] = {}
     count = 0
-    for present, tainted in steps:
+    for start, length, gone, tainted in steps:
+        present = set(range(start, start + length)) - gone
         devices = named(*(f"u{i:03}" for i in present), tainted=tuple(f"u{i:03}" for i in tainted))
         before = dict(slots)
         slots, new_count = place(slots, count, devices)
@@ -273,6 +278,8 @@ def test_placing_keeps_every_device_in_one_slice_within_the_limits(steps):
             for name, i in before.items():
                 if name in slots:
                     assert slots[name] == i
+        if count and new_count > count:  # a slice is added only when none had room
+            assert all(len(groups.get(i, [])) == 64 for i in range(count))
         count = new_count
 
 

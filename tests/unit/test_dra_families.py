@@ -437,3 +437,22 @@ def test_only_the_effect_none_is_dropped_a_failed_device_keeps_its_noschedule():
         {"name": "c"},
     ]
     assert "taints" in degraded  # the built devices are not changed
+
+
+async def test_a_refused_taint_costs_no_rewrite_of_the_pool():
+    """The slice refused for its None taint was not applied: the pool on the
+    server is as it was, which is what the change without the taint is, so
+    nothing more is written (not a new generation on every slice)."""
+    from powerdev.dra.slices import without_informational_taints
+
+    api = RefusesNone()
+    pool = Pool(api, DRIVER, NODE, RESOURCE)
+    devices = [{"name": f"u{i:03}"} for i in range(300)]
+    await pool.publish(devices)
+    generation = pool.generation
+    degraded = [dict(d) for d in devices]
+    degraded[5]["taints"] = [{"key": "k", "value": "degraded", "effect": "None"}]
+    with pytest.raises(TaintEffectRefused):
+        await pool.publish(degraded)
+    assert await pool.publish(without_informational_taints(degraded)) == 0
+    assert pool.generation == generation
