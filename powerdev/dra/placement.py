@@ -50,8 +50,8 @@ def place(
     """Each device's slice, keeping where it was (`slots`, by device name,
     of a pool of `count` slices): a device that comes goes to the first
     slice with room (at most `capacity`), and a slice is added only when
-    none has room. Empty slices at the end go; when half the slices or
-    more could go, the pool is packed anew. Pure: the new slots and slice
+    none has room. Empty slices at the end go; when more than half the
+    slices could go, the pool is packed anew. Pure: the new slots and slice
     count."""
     _check(devices, capacity)
     needed = max(1, -(-len(devices) // filled(capacity)))
