@@ -299,8 +299,9 @@ class Controller:
         meanwhile; more, or another count of slices, is a new generation
         on every slice. Slices no longer needed go."""
         pool = self._pools.setdefault(resource, _Pool())
-        where = (self.driver, resource, devices)
-        now, slots = cluster_slices(*where, pool.generation, pool.slots, len(pool.slices))
+        now, slots = cluster_slices(
+            self.driver, resource, devices, pool.generation, pool.slots, len(pool.slices)
+        )
         changed = [b for b in now if pool.slices.get(b["metadata"]["name"]) != b["spec"]["devices"]]
         # whole: the slices found are all the pool's, and as many as it needs
         # (a leader that stopped within a new generation left it short)
@@ -308,9 +309,11 @@ class Controller:
         if not changed and whole and not pool.stale:
             return
         generation = pool.generation
-        if len(changed) > 1 or not whole:
+        if len(changed) > 1 or not whole:  # the same slices, at the next generation, all written
             generation += 1
-            changed, slots = cluster_slices(*where, generation, pool.slots, len(pool.slices))
+            for body in now:
+                body["spec"]["pool"]["generation"] = generation
+            changed = now
         for body in changed:
             await self.api.apply_slice(body)
             self.writes += 1
