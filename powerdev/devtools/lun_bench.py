@@ -86,14 +86,9 @@ def selection(body: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def chosen(pool: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Each device of the pool -> the hostnames its selector names."""
-    return {name: nodes for body in pool for name, nodes in selection(body).items()}
-
-
 def _missing(pool: list[dict[str, Any]], found: list[Sighting], names: list[str]) -> list[Sighting]:
     """The LUNs the pool does not yet select on all the nodes."""
-    now = chosen(pool)
+    now = {name: nodes for body in pool for name, nodes in selection(body).items()}
     return [lun for lun in found if now.get(lun.device) != names]
 
 
@@ -148,17 +143,26 @@ async def lun_seen(
     at = time.perf_counter()
     while True:
         generation = pool[0]["spec"]["pool"]["generation"]
-        if chosen(pool).get(device) == nodes:
+        holder, selected = _holder(pool, device)
+        if selected == nodes:
             return pool, at
-        holder = next(
-            (s["metadata"]["name"] for s in pool if device in selection(s)),
-            pool[0]["metadata"]["name"],
-        )
         body = await api.wait_for(SLICES, holder, partial(_moved, generation, device, nodes))
         at = time.perf_counter()
         pool = await pool_at(api, body["spec"]["pool"]["generation"])
         if body["spec"]["pool"]["generation"] != generation:
             at = time.perf_counter()
+
+
+def _holder(pool: list[dict[str, Any]], device: str) -> tuple[str, list[str] | None]:
+    """The slice that holds `device`, and the hostnames it names there (the
+    first slice and None when no slice holds it); in the timed path, so
+    it reads the one device, not every selection."""
+    for body in pool:
+        for found in body["spec"].get("devices", ()):
+            if found["name"] == device:
+                term = found["nodeSelector"]["nodeSelectorTerms"][0]
+                return body["metadata"]["name"], sorted(term["matchExpressions"][0]["values"])
+    return pool[0]["metadata"]["name"], None
 
 
 def _moved(generation: int, device: str, nodes: list[str], body: dict[str, Any]) -> bool:
