@@ -47,7 +47,12 @@ class Node:
 
     async def wait(self, capacity: int, allocatable: int, timeout_ms: int = 10000) -> dict:
         reply = await self.dm.call("wait", capacity, allocatable, timeout_ms)
-        assert reply["ok"], f"the kubelet shows {reply}, not {capacity}/{allocatable}"
+        if not reply["ok"]:  # what powerdev said meanwhile, to tell whose the fault is
+            said = "\n".join(self.log_lines()[-40:]) if self.daemon_log is not None else ""
+            pytest.fail(
+                f"the kubelet shows {reply}, not {capacity}/{allocatable}; powerdev's log ends:\n"
+                f"{said}"
+            )
         return reply
 
     async def wait_for_log(self, text: str) -> str:
