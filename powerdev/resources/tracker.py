@@ -83,7 +83,9 @@ class Tracker:
         self._by_key = Index()  # key -> its names in found
         self._first: dict[str, Key] = {}  # name -> the device first seen there
         self._said: dict[str, Verdict] = {}  # name -> the verdict last logged, when not offered
-        self._fresh: set[str] | None = None  # names events redid while a rescan publishes
+        # names events redid while rescans publish in steps: one set for each
+        # rescan under way (two may overlap), none when no rescan publishes
+        self._fresh: list[set[str]] = []
         self._scan_seq = 0  # rescans begun
         self._published_seq = 0  # the latest-begun rescan published
         self.detached = False  # no longer served: publishes nothing more
@@ -129,7 +131,8 @@ class Tracker:
         Allocate sees the new settings with the old list, or the other way.
         What events redo meanwhile is fresher, and kept."""
         rulings: dict[str, Device | None] = {}
-        self._fresh = set()
+        fresh: set[str] = set()
+        self._fresh.append(fresh)
         try:
             for start in range(0, len(candidates), STEP):
                 await trio.lowlevel.checkpoint()  # the survey's adoption came before
@@ -140,7 +143,7 @@ class Tracker:
                 finally:
                     self.resource = in_force
         finally:
-            fresh, self._fresh = self._fresh, None
+            self._fresh = [f for f in self._fresh if f is not fresh]
         for path in fresh:
             rulings.pop(path, None)
         gone = [p for p in self.inventory.by_path if p not in self.found and p not in fresh]
@@ -226,8 +229,8 @@ class Tracker:
         their verdicts (with replace_all, these are all its names)."""
         if replace_all:
             paths = {**dict.fromkeys(self._mine), **paths}
-        if self._fresh is not None:  # a rescan is publishing in steps: this is fresher
-            self._fresh.update(paths)
+        for fresh in self._fresh:  # rescans publishing in steps: this is fresher
+            fresh.update(paths)
         rulings = self._rulings(paths)
         if replace_all:
             gone = [p for p in self.inventory.by_path if p not in self.found]
