@@ -259,3 +259,30 @@ async def test_a_path_only_the_new_settings_want_made_during_their_rescan_is_fou
         t.apply([DeviceEvent("add", ("/dev/sdz",), INOTIFY)])  # the old settings ignore it
         release.set()
     assert listed(t) == {"/dev/dm-0": True, "/dev/sdz": True}
+
+
+async def test_two_rescans_publishing_in_steps_at_once_both_finish(tmp_path, monkeypatch):
+    """A rescan on SIGHUP beside one for a config change: both rule in steps
+    at once. The first to finish must leave the other its own record of what
+    events redid meanwhile (it used to take it, and the second crashed the
+    daemon); an event in the middle is fresher than both."""
+    import trio
+
+    from powerdev.resources import tracker as tracker_module
+
+    monkeypatch.setattr(tracker_module, "STEP", 1)  # three names: three steps each
+    t, dev = await tracker(tmp_path, INCLUDE, ["dm-0", "dm-1", "dm-2"])
+    names = list(t._mine)
+
+    async def an_event_between_their_steps():
+        await trio.lowlevel.checkpoint()  # both rescans are ruling by now
+        (dev / "dm-2").unlink()
+        t.apply([DeviceEvent("remove", ("/dev/dm-2",), "block")])
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(t._publish_in_steps, t.resource, names)
+            nursery.start_soon(t._publish_in_steps, t.resource, names)
+            nursery.start_soon(an_event_between_their_steps)
+    assert listed(t) == {"/dev/dm-0": True, "/dev/dm-1": True}
+    assert t._fresh == []
