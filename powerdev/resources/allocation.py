@@ -129,18 +129,27 @@ def preferred_on_one_node(
     size: int,
     numa_of: dict[str, int | None],
     order: dict[str, int] | None = None,
+    *,
+    one_node: bool = False,
 ) -> list[str]:
     """ "each": the must-include IDs, then devices on one NUMA node where one
     node has enough (the must-include devices' node first, then the node with
     the most), then the rest, each in natural order (`order`: each ID's
     place in it, where the caller has it). Only as many IDs are ranked as
-    are taken: a pod asking for one of 1,000 free devices costs one pass."""
+    are taken: a pod asking for one of 1,000 free devices costs one pass.
+    `one_node`: every ID `order` knows is on one NUMA node (or none), the
+    usual case, so free IDs it knows all are need no grouping at all."""
     chosen = list(dict.fromkeys(must_include))
     if len(chosen) >= size:
         return chosen
     free = dict.fromkeys(available)
     for unit_id in chosen:
         free.pop(unit_id, None)
+    if one_node and order is not None:
+        try:  # one group: the natural order alone (an ID it does not know raises)
+            return chosen + heapq.nsmallest(size - len(chosen), free, key=order.__getitem__)
+        except KeyError:
+            pass  # not one of the list's IDs: grouped by node as below
     nodes = list(map(numa_of.get, free))  # each free ID's node, in order
     count = {node: nodes.count(node) for node in set(nodes)}
     need = size - len(chosen)

@@ -71,6 +71,7 @@ class Plugin:
         self._rank_key: object = None
         self._numa_of: dict[str, int | None] = {}
         self._rank: dict[str, int] = {}
+        self._one_node = False  # every unit on one NUMA node (or none)
 
     def refresh(self) -> None:
         """Apply the device events queued now (nothing without a daemon)."""
@@ -149,7 +150,8 @@ class Plugin:
             if self.prefers:  # at 10,000 devices the natural sort is 20 ms
                 ranked = await trio.to_thread.run_sync(_ranked, counted[0])
                 if self._units is counted[0]:  # still the count in force
-                    (self._numa_of, self._rank), self._rank_key = ranked, counted[0]
+                    (self._numa_of, self._rank, self._one_node) = ranked
+                    self._rank_key = counted[0]
             return counted[0]
         return self._units
 
@@ -307,21 +309,25 @@ class Plugin:
         if self.prefers:
             units = self.units()
             if self._rank_key is not units:
-                self._numa_of, self._rank = _ranked(units)
+                self._numa_of, self._rank, self._one_node = _ranked(units)
                 self._rank_key = units
             return [
-                allocation.preferred_on_one_node(avail, must, size, self._numa_of, self._rank)
+                allocation.preferred_on_one_node(
+                    avail, must, size, self._numa_of, self._rank, one_node=self._one_node
+                )
                 for avail, must, size in requests
             ]
         return [allocation.preferred(avail, must, size) for avail, must, size in requests]
 
 
-def _ranked(units: tuple[Unit, ...]) -> tuple[dict[str, int | None], dict[str, int]]:
-    """Each unit's NUMA node, and its place in the natural order of the
-    list: what GetPreferredAllocation ranks by (any thread)."""
+def _ranked(units: tuple[Unit, ...]) -> tuple[dict[str, int | None], dict[str, int], bool]:
+    """Each unit's NUMA node, its place in the natural order of the list,
+    and whether they are all on one node: what GetPreferredAllocation ranks
+    by (any thread)."""
     numa_of = {u.id: u.numa for u in units}
     ordered = sorted(numa_of, key=allocation.natural_key)
-    return numa_of, {unit_id: i for i, unit_id in enumerate(ordered)}
+    one_node = len(set(numa_of.values())) <= 1
+    return numa_of, {unit_id: i for i, unit_id in enumerate(ordered)}, one_node
 
 
 def _counted(

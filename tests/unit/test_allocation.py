@@ -224,7 +224,10 @@ def _preferred_by_sorting_everything(available, must, size, numa):
 
 @given(
     ids=st.lists(st.from_regex(r"[ab]0?[0-9]", fullmatch=True), max_size=40),
-    nodes=st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=40, max_size=40),
+    nodes=st.one_of(
+        st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=40, max_size=40),
+        st.sampled_from([[None] * 40, [1] * 40]),  # every device on one node, or on none
+    ),
     must=st.lists(st.from_regex(r"[abc]0?[0-9]", fullmatch=True), max_size=3),
     size=st.integers(0, 45),
     listed=st.one_of(st.none(), st.just(set()), st.sets(st.integers(0, 39), max_size=2)),
@@ -249,6 +252,9 @@ def test_the_choice_ranks_only_what_it_takes_and_chooses_as_sorting_all_would(
     got = preferred_on_one_node(ids, must, size, numa, order if listed is not None else None)
     assert got == _preferred_by_sorting_everything(ids, must, size, numa)
     assert got == preferred_on_one_node(ids, must, size, numa, order)
+    # as Plugin calls it: whether the IDs the order knows sit on one node
+    one_node = len({numa.get(u) for u in order}) <= 1
+    assert got == preferred_on_one_node(ids, must, size, numa, order, one_node=one_node)
 
 
 async def test_the_grant_made_ahead_is_the_one_the_first_allocate_hands_out(monkeypatch):
