@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from powerdev.daemon.settings import Settings
     from powerdev.devtools import stepwatch
     from powerdev.ops import opsserver
+    from powerdev.support import allocator
 
     os.umask(0o077)  # our sockets are for the kubelet (root) only
+    allocator.tune()  # before the daemon allocates much, and before any worker thread
     udev = Pyudev()
     try:
         config = load_checked(args, udev, args.plugin_dir)
