@@ -109,17 +109,26 @@ def local_node(dev_root: Path, host_path: str) -> str | None:
 def probe(dev_root: Path, host_path: str, dirs: Dirs | None = None) -> Device | None:
     """The device at host_path if it is a character or block node (links
     followed, never through /proc: node_stat)."""
+    key = node_key(dev_root, host_path, dirs)
+    if key is None:
+        return None
+    return Device(device_id(host_path), host_path, *key, key=key)
+
+
+def node_key(
+    dev_root: Path, host_path: str, dirs: Dirs | None = None
+) -> tuple[str, int, int] | None:
+    """What probe() finds, as the device table keys it: kind and numbers,
+    and nothing made that a look at many paths would throw away."""
     found = node_stat(dev_root, host_path, dirs)
     if found is None:
         return None
-    st = found[1]
-    if stat.S_ISBLK(st.st_mode):
-        kind = "b"
-    elif stat.S_ISCHR(st.st_mode):
-        kind = "c"
-    else:
-        return None  # regular file, directory, FIFO, socket: never a device
-    return Device(device_id(host_path), host_path, kind, os.major(st.st_rdev), os.minor(st.st_rdev))
+    mode, rdev = found[1].st_mode, found[1].st_rdev
+    if stat.S_ISBLK(mode):
+        return ("b", os.major(rdev), os.minor(rdev))
+    if stat.S_ISCHR(mode):
+        return ("c", os.major(rdev), os.minor(rdev))
+    return None  # regular file, directory, FIFO, socket: never a device
 
 
 def is_virtual_block(name: str) -> bool:

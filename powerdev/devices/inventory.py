@@ -11,7 +11,7 @@ and the sorted snapshot is built only when someone reads a new version.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -22,7 +22,6 @@ from powerdev.devices.model import Device
 class Snapshot:
     version: int
     devices: tuple[Device, ...]
-    by_id: dict[str, Device] = field(repr=False, compare=False)
 
 
 class Inventory:
@@ -45,7 +44,7 @@ class Inventory:
     def current(self) -> Snapshot:
         if self._snapshot is None or self._snapshot.version != self._version:
             devices = tuple(sorted(self._devices.values(), key=lambda d: d.path))
-            self._snapshot = Snapshot(self._version, devices, {d.id: d for d in devices})
+            self._snapshot = Snapshot(self._version, devices)
         return self._snapshot
 
     def publish(self, devices: Iterable[Device], *, force: bool = False) -> bool:

@@ -32,7 +32,7 @@ import trio
 
 from powerdev.devices import identity, special
 from powerdev.devices.condition import UNWATCHED, Condition, condition
-from powerdev.devices.discovery import Dirs, probe
+from powerdev.devices.discovery import Dirs, node_key
 from powerdev.devices.family import NO_FAMILY, Family, Key, family
 from powerdev.devices.inuse import (
     BlockTopology,
@@ -240,8 +240,7 @@ class DeviceTable:
         found = {}
         dirs: Dirs = {}
         for path in paths:
-            device = probe(self.dev_root, path, dirs)
-            found[path] = device.key if device is not None else None
+            found[path] = node_key(self.dev_root, path, dirs)
         return self._merge(found, None)
 
     async def survey(self, paths: Iterable[str]) -> Changes:
@@ -661,8 +660,7 @@ class SurveyPlan:
         for path in paths:
             if path in found:
                 continue
-            device = probe(self.dev_root, path, dirs)
-            found[path] = device.key if device is not None else None
+            found[path] = node_key(self.dev_root, path, dirs)
         tables = self.host.read(self.dev_root, self.sys_root) if self.host is not None else None
         keys = {k for k in found.values() if k is not None}
         facts = observe(

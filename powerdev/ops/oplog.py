@@ -10,7 +10,7 @@ import heapq
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,10 +35,11 @@ def short_name(path: str) -> str:
     return path.removeprefix("/dev/")
 
 
-def names(paths: Iterable[str], most: int = MOST_NAMES) -> str:
-    every = [short_name(p) for p in paths]
-    shown = ", ".join(heapq.nsmallest(most, every, key=natural_key))
-    left = len(every) - most
+def names(paths: Collection[str], most: int = MOST_NAMES) -> str:
+    """The first few names in natural order, and how many more: one name
+    made at a time (a list of 10,000 short names would outlive each one)."""
+    shown = ", ".join(heapq.nsmallest(most, map(short_name, paths), key=natural_key))
+    left = len(paths) - most
     return shown + (f" and {left:,} more" if left > 0 else "")
 
 

@@ -24,7 +24,7 @@ from powerdev.config import ResourceConfig
 from powerdev.devices.inventory import Inventory, Snapshot
 from powerdev.devices.model import Device
 from powerdev.resources import allocation, cdi
-from powerdev.resources.allocation import CdiGrant, DeviceGrant, Unit
+from powerdev.resources.allocation import CdiGrant, Grant, Unit
 from powerdev.resources.cdi import SpecWriter
 from powerdev.resources.ownership import DEVICE_PLUGIN, DRA, Ledger
 from powerdev.resources.tracker import Tracker
@@ -63,7 +63,7 @@ class Plugin:
         self._units: tuple[Unit, ...] = ()
         self._units_by_id: dict[str, Unit] = {}
         self._grant_key: tuple[int, ResourceConfig] | None = None
-        self._grant: tuple[DeviceGrant, ...] | CdiGrant = ()
+        self._grant: Grant | CdiGrant = ()
         self._by_unit: dict[str, list[Device]] = {}
         self._by_unit_version = -1
         self._recorded = -1  # "all": the inventory version last recorded as granted
@@ -184,7 +184,7 @@ class Plugin:
 
     def allocate(
         self, requests: Sequence[Sequence[str]], *, refresh: bool = True
-    ) -> list[tuple[DeviceGrant, ...] | CdiGrant]:
+    ) -> list[Grant | CdiGrant]:
         """One grant per container request; AllocationRefused names a bad ID.
         A request that names no ID (the answer made ahead, at registration)
         hands nothing out, so the ledger records no grant for it."""
@@ -215,9 +215,7 @@ class Plugin:
             self._grant_key = key
         return [self._grant for _ in requests]
 
-    def _chosen(
-        self, snapshot: Snapshot, ids: Sequence[str], *, record: bool
-    ) -> tuple[DeviceGrant, ...] | CdiGrant:
+    def _chosen(self, snapshot: Snapshot, ids: Sequence[str], *, record: bool) -> Grant | CdiGrant:
         """ "each": exactly the devices the kubelet chose (every name of each)."""
         if self._by_unit_version != snapshot.version:
             self._by_unit = allocation.by_unit(snapshot.devices)

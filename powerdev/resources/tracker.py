@@ -81,7 +81,9 @@ class Tracker:
         self._mine: dict[str, Key] = {}  # the names it looks at -> what they reach
         self.found: dict[str, Device] = {}  # the names it lists, as described
         self._by_key = Index()  # key -> its names in found
-        self._first: dict[str, Key] = {}  # name -> the device first seen there
+        # name -> the device first seen there, where another is there now
+        # (nearly every name keeps its first device: those are not stored)
+        self._first: dict[str, Key] = {}
         self._said: dict[str, Verdict] = {}  # name -> the verdict last logged, when not offered
         # names events redid while rescans publish in steps: one set for each
         # rescan under way (two may overlap), none when no rescan publishes
@@ -250,8 +252,11 @@ class Tracker:
                 self._first.pop(path, None)
                 reached[path] = None
                 continue
+            if old is not None and old != key:  # another device under the name now
+                first = self._first.setdefault(path, old)
+                if first == key:  # the first one is back
+                    del self._first[path]
             self._mine[path] = key
-            self._first.setdefault(path, key)
             touched.add(key)
             reached[path] = key if properties_ok(self.resource, key, self.table) else None
         for path, key in reached.items():

@@ -25,7 +25,7 @@ from powerdev._proto.v1beta1 import (
     PreStartContainerResponse,
 )
 from powerdev.ops import metrics
-from powerdev.resources.allocation import AllocationRefused, CdiGrant, DeviceGrant
+from powerdev.resources.allocation import AllocationRefused, CdiGrant, Grant
 from powerdev.resources.cdi import SpecWriteError
 from powerdev.resources.plugin import Plugin
 from powerdev.rpc.answers import Answers
@@ -97,7 +97,7 @@ class PluginService(DevicePluginBase):
         metrics.allocate_answered(self._plugin.resource.name, began)
         return encoded  # type: ignore[no-any-return]
 
-    async def _answer(self, grants: list[tuple[DeviceGrant, ...] | CdiGrant]) -> bytes:
+    async def _answer(self, grants: list[Grant | CdiGrant]) -> bytes:
         """On the Trio side, in one crossing: the CDI spec made to name the
         current list, then the encoded answer, which the door's codec sends
         as it is."""
