@@ -16,7 +16,9 @@ Where the kubelet's real device manager (dmharness) is on the machine, also
 at each device count: the first pod admission right after start, steady
 admissions, and kubelet restart to capacity back, as the kubelet times them;
 the same admissions with "allocation": "each" (GetPreferredAllocation with
-every free ID, then Allocate); and once, the kubelet's PodResources List
+every free ID, then Allocate), and the same for the design's floor (a
+plugin on the same libraries that answers with fixed bytes, floor.py),
+start to capacity included; and once, the kubelet's PodResources List
 with many pods holding a device each, asked as the daemon asks it, with the
 longest Trio step meanwhile. It asserts nothing; `--json` writes the
 figures. `--dra` measures powerdev as a DRA driver instead (dra_bench.py).
@@ -408,6 +410,38 @@ async def measure_real_kubelet_each(
             f"steady {spread(steady)}"
         )
     add_longest_step(results, n, run.daemon, say, "real kubelet run, each")
+
+
+async def measure_floor(
+    binary: Path, n: int, plan: Plan, results: Results, say: Callable[[str], None]
+) -> None:
+    """The design's floor (floor.py) against the kubelet's own device
+    manager, measured as powerdev is just before: start to capacity, and
+    "each" admissions (GetPreferredAllocation, then Allocate) answered with
+    bytes made at start. What the same stack costs before any work of its own."""
+    with tempfile.TemporaryDirectory(prefix="powerdev-bench-") as tmp:
+        root = Path(tmp)
+        plugin_dir = root / "device-plugins"
+        plugin_dir.mkdir()
+        async with DeviceManager.running(binary, root / "kubelet.log") as dm:
+            await dm.call("start", plugin_dir)
+            command = [sys.executable, "-m", "powerdev.devtools.floor", str(plugin_dir), str(n)]
+            began = time.perf_counter()
+            proc = await trio.lowlevel.open_process(command)
+            try:
+                reply = await dm.call("wait", n, n, int(WAIT_LIMIT * 1000))
+                if not reply["ok"]:
+                    raise RuntimeError(f"bench: the kubelet never saw the floor's {n} devices")
+                capacity = time.perf_counter() - began
+                first, steady = await admissions(dm, plan.admissions)
+            finally:
+                await stop(proc, STOP_TIMEOUT)
+    results.add("design floor: start to capacity", n, ms=round(capacity * 1000, 1))
+    results.add("design floor, each: steady admission", n, **spread(steady))
+    say(
+        f"  {n} devices, the design's floor: capacity after {capacity * 1000:.0f} ms; "
+        f"each: first admission {first * 1000:.3f} ms; steady {spread(steady)}"
+    )
 
 
 # The kubelet's PodResources service allows 100 calls a second (a burst of
@@ -807,6 +841,8 @@ async def run_bench(
         for n in plan.sizes if binary is not None else ():
             say(f'measuring "each" against the kubelet\'s device manager with {n} device nodes')
             await measure_real_kubelet_each(binary, n, plan, results, say)
+            say(f"measuring the design's floor against the kubelet's device manager, {n} devices")
+            await measure_floor(binary, n, plan, results, say)
         if binary is not None:
             say(f"measuring PodResources List with {plan.pods} pods")
             await measure_pod_resources(binary, plan, results, say)

@@ -8,6 +8,7 @@ import sys
 import trio
 
 from powerdev.devtools import bench
+from powerdev.devtools.kit import DMHARNESS
 from powerdev.rpc import asyncio_door
 from tests.conftest import needs_root
 
@@ -53,6 +54,13 @@ def test_quick_bench_reports_every_measure(tmp_path):
         assert EVENT_MEASURES <= measures
     else:
         assert "device events: skipped (needs root" in done.stdout
+    if DMHARNESS.find() is not None:  # the kubelet's device manager: powerdev and the floor
+        assert {
+            "real kubelet: start to capacity",
+            "real kubelet, each: steady admission",
+            "design floor: start to capacity",
+            "design floor, each: steady admission",
+        } <= measures
 
 
 @needs_root
