@@ -102,9 +102,15 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def powerdev(node: Node) -> AsyncIterator[trio.Process]:
-    """`powerdev run`, registered with the harness; SIGTERM on the way out."""
-    proc = await trio.lowlevel.open_process(node.command)
+async def powerdev(node: Node, log: Path | None = None) -> AsyncIterator[trio.Process]:
+    """`powerdev run`, registered with the harness (its stderr to `log` if
+    given); SIGTERM on the way out."""
+    stderr = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if log is not None else None
+    try:
+        proc = await trio.lowlevel.open_process(node.command, stderr=stderr)
+    finally:
+        if stderr is not None:
+            os.close(stderr)  # the child has its own
     try:
         await node.harness.wait_driver(node.driver)
         yield proc
@@ -253,6 +259,47 @@ async def test_a_claim_is_allocated_prepared_resolved_kept_across_a_restart_and_
                 assert not spec.exists()
                 gone = inject(cdicheck, [node.cdi], [cdi_id])
                 assert not gone["ok"] and gone["unresolved"] == [cdi_id]
+
+
+async def test_the_daemon_refuses_what_does_not_decode_and_a_claim_without_a_name_and_serves_on(
+    api, control_plane, draharness, tmp_path
+):
+    """Against the kit's API server, the real daemon's DRA socket: a
+    NodePrepareResources body whose last length runs past its end is
+    InvalidArgument (never an answer from what was decoded); a claim
+    reference with an empty namespace and name is refused in its own answer,
+    never asked of the API server as a cluster-wide list; neither ends in a
+    traceback, and the next claim is prepared through the kubelet's DRA
+    manager as ever."""
+    from powerdev._proto import dra_v1_pb2 as pb
+    from powerdev.dra.names import endpoint
+    from powerdev.rpc import asyncio_door
+    from tests.dra.test_driver_services import raw_call
+
+    log = tmp_path / "powerdev.log"
+    prepare = f"/{pb.DESCRIPTOR.package}.DRAPlugin/NodePrepareResources"
+    with trio.fail_after(LIMIT):
+        async with dra_node(api, control_plane, draharness, tmp_path) as node:
+            async with powerdev(node, log), asyncio_door():
+                socket = endpoint(tmp_path / "plugins", node.driver)
+                good = pb.NodePrepareResourcesRequest(
+                    claims=[pb.Claim(namespace=node.namespace, name="p1", uid="uid-x")]
+                ).SerializeToString()
+                status, message, _ = await raw_call(socket, prepare, good[:-1])
+                assert status == "INVALID_ARGUMENT", (status, message)
+                assert "not a valid NodePrepareResourcesRequest message" in message
+                nameless = pb.NodePrepareResourcesRequest(
+                    claims=[pb.Claim(namespace="", name="", uid="uid-y")]
+                ).SerializeToString()
+                status, _, reply = await raw_call(socket, prepare, nameless)
+                assert status == "OK"
+                error = pb.NodePrepareResourcesResponse.FromString(reply).claims["uid-y"].error
+                assert "an empty namespace and an empty name" in error
+                await node.pod_with_claim("p1")
+                prepared = await node.harness.prepare(node.namespace, "p1")
+                assert len(prepared["c0"]) == 1
+    text = log.read_text()
+    assert "Traceback" not in text and "Application error" not in text, text[-3000:]
 
 
 async def test_templates_distinct_devices_and_a_claim_for_more_than_there_is(
