@@ -98,7 +98,12 @@ UNWATCHED = Condition()
 
 def condition(topology: BlockTopology, key: Key, kernel_name: str | None) -> Condition:
     """The device's condition now, as sysfs says (read once a topology)."""
-    return topology.once(("condition", key), lambda: _Look(topology).device(key, kernel_name))
+    return topology.once(("condition", key), lambda: read_condition(topology, key, kernel_name))
+
+
+def read_condition(topology: BlockTopology, key: Key, kernel_name: str | None) -> Condition:
+    """condition(), read now, for a caller that asks it once a look."""
+    return _Look(topology).device(key, kernel_name)
 
 
 class _Look:

@@ -243,7 +243,10 @@ async def against_fake_kubelet(n: int, **fields: object) -> AsyncIterator[FakeRu
         async with trio.open_nursery() as nursery:
             kubelet = FakeKubelet(plugin_dir)
             await nursery.start(kubelet.run)
-            daemon = Daemon(plugin_dir, config, root / "dev", "off")
+            # the kubelet's PodResources too, as on a node: what the daemon
+            # holds at start until the kubelet says which pods hold what
+            pods = ("--pod-resources-socket", str(kubelet.pod_resources_socket))
+            daemon = Daemon(plugin_dir, config, root / "dev", "off", *pods)
             began = time.perf_counter()
             await daemon.start()
             try:

@@ -575,7 +575,7 @@ class Claims:
         }
         return HeldClaim(ref.namespace, ref.name, self.boot_id, spec, devices)
 
-    def _blocked(self, plugin: Plugin, unit: str, names: list[Device], uid: str) -> str | None:
+    def _blocked(self, plugin: Plugin, unit: str, names: Sequence[Device], uid: str) -> str | None:
         """Why the node-wide ledger keeps this device from the claim: another
         claim, a pod through the device plugin API, or a holder of its family
         (a partition of a prepared disk, a disk's alias); None if free."""
@@ -725,9 +725,9 @@ class _PublishedNames:
 
     inventory: object = None
     version: int = -1
-    table: dict[str, tuple[str, list[Device]]] = field(default_factory=dict)
+    table: dict[str, tuple[str, tuple[Device, ...]]] = field(default_factory=dict)
 
-    def of(self, plugin: Plugin) -> dict[str, tuple[str, list[Device]]]:
+    def of(self, plugin: Plugin) -> dict[str, tuple[str, tuple[Device, ...]]]:
         snapshot = plugin.inventory.current
         if self.inventory is not plugin.inventory or self.version != snapshot.version:
             self.table = {

@@ -289,7 +289,7 @@ async def build_devices_in_steps(
 
 def _published(
     resource_name: str,
-    units: Iterable[tuple[str, list[Device]]],
+    units: Iterable[tuple[str, tuple[Device, ...]]],
     health: Health | None,
     said: Said | None,
     built: Built | None = None,
@@ -325,7 +325,7 @@ def _published(
 def _one(
     resource_name: str,
     unit_id: str,
-    names: list[Device],
+    names: tuple[Device, ...],
     level: str,
     health: Health | None,
     said: Said | None,

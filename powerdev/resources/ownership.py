@@ -70,6 +70,7 @@ PODS_NAMED = 3
 # Seconds from an Allocate answer to the kubelet's PodResources surely
 # listing the grant (it records it as it reads the answer).
 GRANT_SETTLES = 1.0
+COMPACT_AFTER = 1000  # holders released by one answer that make the ledger's tables compact
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +123,7 @@ class Ledger:
         self._listers = Index()  # key -> the resources that list it
         self._named: dict[tuple[Key, str], str] = {}  # (key, resource) -> a name it lists it by
         self._holds: dict[Key, Holder] = {}
-        # holder -> its keys (a dict as an ordered set: at 10,000 keys a set's
-        # table is 512 KiB where a dict's is under 300)
-        self._by_holder: dict[Holder, dict[Key, None]] = {}
+        self._by_holder = Index()  # holder -> its keys
         self._at: dict[Holder, float] = {}  # when a holder last got its devices (trio time)
         self._provisional: set[Holder] = set()  # holders from start, until the kubelet says
         self._pods: dict[Holder, tuple[str, ...]] = {}  # device plugin holders -> their pods
@@ -226,7 +225,7 @@ class Ledger:
         if old is not None:
             self._unhold(key, old)
         self._holds[key] = holder
-        self._by_holder.setdefault(holder, {})[key] = None
+        self._by_holder.add(holder, key)
         self._count(holder, +1)
         # its family may be blocked now; itself only if someone else lists it
         self._dirty_all(self._family(key))
@@ -234,16 +233,13 @@ class Ledger:
             self._dirty[key] = None
 
     def _unhold(self, key: Key, holder: Holder) -> None:
-        keys = self._by_holder.get(holder)
-        if keys is not None:
-            keys.pop(key, None)
-            if not keys:
-                self._forget_holder(holder)
+        if self._by_holder.discard(holder, key) and holder not in self._by_holder:
+            self._forget_holder(holder)
         self._count(holder, -1)
 
     def _forget_holder(self, holder: Holder) -> None:
         """It holds nothing any more: nothing of it stays."""
-        del self._by_holder[holder]
+        self._by_holder.forget(holder)
         self._at.pop(holder, None)
         self._waits.pop(holder, None)
         self._provisional.discard(holder)
@@ -262,6 +258,19 @@ class Ledger:
             if waited or old.api == DRA or any(r != old.resource for r in self._listers.get(key)):
                 self._dirty[key] = None
 
+    def _compact(self) -> None:
+        """Many holders went at once (the first answer after start frees the
+        holds of every "each" unit no pod holds): Python's dicts and sets
+        keep the room they grew to, about 150 bytes a device at 10,000, so
+        those that hold an entry a holder or a held device are made again at
+        the size they need now."""
+        self._holds = dict(self._holds)
+        self._at = dict(self._at)
+        self._provisional = set(self._provisional)
+        self._pods = dict(self._pods)
+        self._units = {k: dict(v) for k, v in self._units.items()}
+        self._by_holder.compact()
+
     def _release_all(self, holder: Holder, keys: list[Key]) -> None:
         """_release() for many devices of one holder, at a few dict
         operations each (every provisional hold goes at the first answer)."""
@@ -276,11 +285,10 @@ class Ledger:
                 self._dirty_all(family)
             if waited or listers.several(key) or listers.get(key) not in ((), (holder.resource,)):
                 dirty[key] = None
-        mine = self._by_holder.get(holder)
-        if mine is not None:
+        if holder in self._by_holder:
             for key in keys:
-                mine.pop(key, None)
-            if not mine:
+                self._by_holder.discard(holder, key)
+            if holder not in self._by_holder:
                 self._forget_holder(holder)
         if holder.unit is not None:
             for _ in keys:
@@ -352,10 +360,10 @@ class Ledger:
         those it holds as this (resource, unit))."""
         for holder in [
             h
-            for h in self._by_holder
+            for h in self._by_holder.keys()
             if h.claim == claim and (unit is None or (h.resource, h.unit) == unit)
         ]:
-            for key in sorted(self._by_holder.get(holder, ())):
+            for key in sorted(self._by_holder.get(holder)):
                 log.info("%s: %s is unprepared", self.name_of(key), holder)
                 self._release(key)
         self.settle()
@@ -452,12 +460,13 @@ class Ledger:
         lists and the ledger does not hold (a pod from before, a lagging
         answer) is held. Each holder keeps the pods the kubelet named."""
         settled = asked_at - GRANT_SETTLES
-        for holder in list(self._by_holder):
+        released = 0
+        for holder in self._by_holder.keys():
             if holder.api == DRA:
                 continue  # a claim: the kubelet's PodResources cannot say
             ids = held.get(holder.resource, {})
             still = bool(ids) if holder.unit is None else holder.unit in ids
-            keys = self._by_holder[holder]
+            keys = self._by_holder.get(holder)
             guessed = holder in self._provisional
             self._provisional.discard(holder)  # the kubelet has said
             if still:
@@ -479,6 +488,9 @@ class Ledger:
                     holder,
                 )
             self._release_all(holder, free)
+            released += 1
+        if released >= COMPACT_AFTER:
+            self._compact()
         for name, ids in held.items():
             view = self._views.get(name)
             if view is None or not ids:

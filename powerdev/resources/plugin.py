@@ -64,7 +64,7 @@ class Plugin:
         self._units_by_id: dict[str, Unit] = {}
         self._grant_key: tuple[int, ResourceConfig] | None = None
         self._grant: Grant | CdiGrant = ()
-        self._by_unit: dict[str, list[Device]] = {}
+        self._by_unit: dict[str, tuple[Device, ...]] = {}
         self._by_unit_version = -1
         self._recorded = -1  # "all": the inventory version last recorded as granted
         # "each": each unit's NUMA node and its place in natural order, per list
@@ -323,7 +323,7 @@ def _ranked(units: tuple[Unit, ...]) -> tuple[dict[str, int | None], dict[str, i
     and whether they are all on one node: what GetPreferredAllocation ranks
     by (any thread)."""
     numa_of = {u.id: u.numa for u in units}
-    ordered = sorted(numa_of, key=allocation.natural_key)
+    ordered = sorted(numa_of, key=allocation.natural_text)
     one_node = len(set(numa_of.values())) <= 1
     return numa_of, {unit_id: i for i, unit_id in enumerate(ordered)}, one_node
 

@@ -341,3 +341,21 @@ async def test_a_count_made_in_its_thread_is_in_force_while_the_natural_order_is
             go_on.set()
     assert on_trio_thread == [False]
     assert plugin.preferred([(["loop3", "loop1"], [], 1)]) == [["loop1"]]
+
+
+@given(
+    st.lists(
+        st.text(alphabet="ab-._:/0123456789xyzAZ ", max_size=12).filter(lambda t: t.isprintable()),
+        max_size=30,
+    )
+)
+def test_the_natural_order_as_one_string_sorts_as_the_natural_key(names):
+    """natural_text() (one string a name, for sorting a whole list) puts
+    any names, with leading zeros, punctuation below the digits and ties
+    (a01, a1), in exactly natural_key()'s order."""
+    from powerdev.resources.allocation import natural_key, natural_text
+
+    assert sorted(names, key=natural_text) == sorted(names, key=natural_key)
+    tricky = ["a1", "a01", "a001", "a-", "a", "a.1", "a 1", "a10", "a9", "b", "A1", "a1b", "a1-"]
+    for order in (tricky, tricky[::-1], sorted(tricky)):
+        assert sorted(order, key=natural_text) == sorted(order, key=natural_key)
