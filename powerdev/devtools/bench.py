@@ -3,7 +3,8 @@ real sockets, measured the way an admin judges a per-node daemon.
 
 It reports, at each device count: time from process start to the kubelet's
 first full list; Allocate latency (each grant carries every device); idle
-CPU over a window; RSS; and the longest time one Trio task step held the
+CPU over a window; RSS (and in "each" mode, once its calls are made); and
+the longest time one Trio task step held the
 daemon's thread. As root, also at each device count: powerdev's own part of
 a block device event on a synthetic host with the host-use rule on, a
 mount that touches no listed device (the CPU of reading the host's tables
@@ -512,9 +513,11 @@ async def measure_each(n: int, plan: Plan, results: Results, say: Callable[[str]
         client.close()
         results.add("each: Allocate (two devices)", n, **spread(allocate))
         results.add("each: GetPreferredAllocation (4 of all)", n, **spread(prefer))
+        results.add("each: RSS", n, mib=rss_mib(run.daemon.pid))
         say(
             f"  {n} devices, each: first list {run.first_list * 1000:.0f} ms; Allocate "
-            f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}"
+            f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}; "
+            f"RSS {rss_mib(run.daemon.pid)} MiB"
         )
 
 

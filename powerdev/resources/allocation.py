@@ -120,14 +120,38 @@ def by_unit(devices: Sequence[Device]) -> dict[str, tuple[Device, ...]]:
     return grouped
 
 
+Named = Device | tuple[Device, ...]  # a unit's devices: the device itself for one name
+
+
+def units_named(devices: Sequence[Device]) -> dict[str, Named]:
+    """by_unit(), kept for as long as a list stands: a unit with one name
+    (nearly all) holds its device itself, not a tuple of one. named() reads it."""
+    grouped: dict[str, Named] = {}
+    for device in devices:
+        have = grouped.get(device.id)
+        if have is None:
+            grouped[device.id] = device
+        else:
+            grouped[device.id] = (have, device) if isinstance(have, Device) else (*have, device)
+    return grouped
+
+
+def named(grouped: dict[str, Named], unit_id: str) -> tuple[Device, ...]:
+    """A unit's devices in units_named()'s map (none for an unknown unit)."""
+    have = grouped.get(unit_id)
+    if have is None:
+        return ()
+    return (have,) if isinstance(have, Device) else have
+
+
 def grant_chosen(
-    by_id: dict[str, tuple[Device, ...]], ids: Sequence[str], permissions: str
+    by_id: dict[str, Named], ids: Sequence[str], permissions: str
 ) -> tuple[DeviceGrant, ...]:
     """ "each": the devices the kubelet chose, every name of each."""
     return tuple(
         DeviceGrant(d.path, d.path, permissions)
         for unit_id in dict.fromkeys(ids)
-        for d in by_id.get(unit_id, ())
+        for d in named(by_id, unit_id)
     )
 
 

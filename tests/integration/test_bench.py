@@ -45,6 +45,7 @@ def test_quick_bench_reports_every_measure(tmp_path):
         "kubelet restart to re-registration",
         "each: Allocate (two devices)",
         "each: GetPreferredAllocation (4 of all)",
+        "each: RSS",
         "longest Trio step (fake kubelet run)",
     } <= measures
     allocate = next(r for r in report["rows"] if r["measure"] == "Allocate")

@@ -359,3 +359,16 @@ def test_the_natural_order_as_one_string_sorts_as_the_natural_key(names):
     tricky = ["a1", "a01", "a001", "a-", "a", "a.1", "a 1", "a10", "a9", "b", "A1", "a1b", "a1-"]
     for order in (tricky, tricky[::-1], sorted(tricky)):
         assert sorted(order, key=natural_text) == sorted(order, key=natural_key)
+
+
+def test_a_units_names_are_kept_in_order_and_one_name_is_the_device_itself():
+    from powerdev.resources.allocation import by_unit, named, units_named
+
+    a = Device("lun", "/dev/dm-3", "b", 253, 3)
+    b = Device("lun", "/dev/mapper/mpatha", "b", 253, 3)
+    c = Device("lun", "/dev/disk/by-id/dm-uuid-mpath-3600a", "b", 253, 3)
+    other = Device("sdb", "/dev/sdb", "b", 8, 16)
+    grouped = units_named([a, other, b, c])
+    assert grouped["sdb"] is other  # no tuple of one
+    assert named(grouped, "lun") == (a, b, c) == by_unit([a, other, b, c])["lun"]
+    assert named(grouped, "sdb") == (other,) and named(grouped, "gone") == ()
