@@ -39,18 +39,25 @@ log = logging.getLogger(__name__)
 
 
 class _FrozenFirst:
-    """A task status that freezes the garbage collector's objects before it
-    says started: what the driver's start imported and read (lightkube with
-    its models, the claims, the checkpoint) and the pool it first built live
-    as long as the daemon, so no full collection should scan them again (at
-    10,000 devices such collections took 7 to 22 ms, measured, holding every
-    thread), as the supervisor freezes what start-up made."""
+    """A task status (trio.TaskStatus) that, the first time in the process,
+    freezes the garbage collector's objects before it says started: what
+    the driver's start imported and read (lightkube with its models, the
+    claims, the checkpoint) and the pool it first built live as long as the
+    daemon, so no full collection should scan them again (at 10,000 devices
+    such collections took 7 to 22 ms, measured, holding every thread), as
+    the supervisor freezes what start-up made. Once only: a pool published
+    again after a reload is not the daemon's for good, and a frozen object
+    that later becomes cyclic garbage is never collected."""
+
+    frozen = False  # for the whole process
 
     def __init__(self, status: trio.TaskStatus[None]) -> None:
         self._status = status
 
     def started(self, value: None = None) -> None:
-        gc.freeze()
+        if not _FrozenFirst.frozen:
+            _FrozenFirst.frozen = True
+            gc.freeze()
         self._status.started(value)
 
 

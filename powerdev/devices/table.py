@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -45,6 +46,7 @@ from powerdev.devices.model import BlockFacts
 from powerdev.devices.udevdb import UdevDatabase
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 ADOPT_STEP = 1000  # names a survey adopts in one Trio step (about 7 ms)
 
 Number = tuple[int, int]
@@ -671,6 +673,7 @@ class SurveyPlan:
             self.udev,
             self.by_identity,
             self.identities.get,
+            once_each=True,
         )
         return Survey(found, facts, tables)
 
@@ -683,12 +686,16 @@ def observe(
     udev: UdevDatabase | None,
     by_identity: Mapping[tuple[str, str], set[Key]],
     identity_of: Callable[[Key], tuple[str, str] | None],
+    *,
+    once_each: bool = False,
 ) -> dict[Key, Facts]:
     """The facts of these devices, from one topology and one reading of the
     host's tables (None: host use not looked at). `by_identity` and
     `identity_of` say what other devices are known to be; the identities
     of these are read first, so that devices looked at together find each
-    other by identity."""
+    other by identity. `once_each`: no device of these is observed again
+    with this topology (a survey), so what only that device asks is not
+    kept in it for the rest of the look."""
     identities: dict[Key, tuple[str, str] | None] = {}
     batch: dict[tuple[str, str], set[Key]] = {}
     kernel_names: dict[Key, str | None] = {}  # a block device's, from the uevent read for it
@@ -714,27 +721,38 @@ def observe(
     # each directory's NUMA node, for every device of this look
     numa_dirs: dict[str, int | None] = topology.once(("numa dirs", None), dict)
     result = {}
+
     # What only this device asks (its kernel name, NUMA node, kernel
-    # interface, condition) is read here, not kept in the topology for the
-    # rest of the look: each is asked once a look, and 10,000 devices' worth
-    # of entries (about 0.8 KiB a device) outlived the objects the look keeps,
-    # leaving the allocator's pools half empty for good.
+    # interface, condition) is kept in the topology, so that a batch that
+    # observes a device twice reads sysfs once; except in a survey, which
+    # observes each once: there 10,000 devices' worth of entries (about
+    # 0.8 KiB a device) outlived the objects the look keeps, leaving the
+    # allocator's pools half empty for good.
+    def own(name: str, key: Key, read: Callable[[], T]) -> T:
+        return read() if once_each else topology.once((name, key), read)
+
     for key in keys:
         kind, number = key[0], (key[1], key[2])
         whole_disk, has_partitions = topology.place(number) if kind == "b" else (None, False)
         if kind != "b":
-            kernel_names[key] = identity.kernel_name(sys_root, kind, number)
+            kernel_names[key] = own(
+                "kernel name", key, partial(identity.kernel_name, sys_root, kind, number)
+            )
         result[key] = Facts(
             kernel_name=kernel_names[key],
             identity=identities[key],
-            numa=identity.numa_node(sys_root, kind, number, numa_dirs),
+            numa=own("numa", key, partial(identity.numa_node, sys_root, kind, number, numa_dirs)),
             whole_disk=whole_disk,
             has_partitions=has_partitions,
-            literal_only=special.by_number(kind, *number, sys_root),
+            literal_only=own("literal", key, partial(special.by_number, kind, *number, sys_root))
+            if kind == "c"  # a block device's answer needs no sysfs
+            else special.by_number(kind, *number, sys_root),
             host_use=use.reason_of(key) if use is not None else None,
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),
-            condition=read_condition(topology, key, kernel_names[key]),
+            condition=read_condition(topology, key, kernel_names[key])
+            if once_each
+            else condition(topology, key, kernel_names[key]),
             no_medium=topology.once(("medium", key), partial(identity.no_medium, sys_root, number))
             if kind == "b"
             else None,

@@ -737,7 +737,9 @@ class _PublishedNames:
         return self.table
 
 
-def _unit(plugin: Plugin, name: str, names_of: _PublishedNames) -> tuple[str, list[Any]] | str:
+def _unit(
+    plugin: Plugin, name: str, names_of: _PublishedNames
+) -> tuple[str, tuple[Device, ...]] | str:
     """The unit ID and every name of the published device called `name`, if
     DRA may hand it out now; otherwise why not."""
     plugin.refresh()  # every device event already queued, applied first

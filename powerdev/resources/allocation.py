@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,16 @@ def natural_text(text: str) -> str:
     mark below any printable character, its length and its value's digits;
     then, after a mark below that, the text itself breaks ties."""
     return _DIGITS.sub(_number_text, text) + "\x00" + text
+
+
+def natural_sorted(names: Iterable[str]) -> list[str]:
+    """Names in natural_key()'s order, by natural_text() where it sorts the
+    same: unless a name holds one of the two marks it uses (a control
+    character a device path may hold, in principle)."""
+    names = list(names)
+    joined = "".join(names)
+    marked = "\x00" in joined or "\x01" in joined
+    return sorted(names, key=natural_key if marked else natural_text)
 
 
 def _number_text(digits: re.Match[str]) -> str:

@@ -466,7 +466,6 @@ class Ledger:
                 continue  # a claim: the kubelet's PodResources cannot say
             ids = held.get(holder.resource, {})
             still = bool(ids) if holder.unit is None else holder.unit in ids
-            keys = self._by_holder.get(holder)
             guessed = holder in self._provisional
             self._provisional.discard(holder)  # the kubelet has said
             if still:
@@ -474,13 +473,13 @@ class Ledger:
                 if self._pods.get(holder) != pods:
                     self._pods[holder] = pods
                     if holder in self._waits:  # what waits for it names them
-                        for key in keys:
+                        for key in self._by_holder.get(holder):
                             self._mark(key)
                 continue
             self._pods.pop(holder, None)  # none, as the kubelet says
             if not guessed and self._at.get(holder, 0.0) >= settled:
                 continue  # granted too late for this answer to say
-            free = list(keys)
+            free = list(self._by_holder.get(holder))
             if free and holder in self._waits:
                 log.info(
                     "%s: the kubelet says no pod holds %s any more",

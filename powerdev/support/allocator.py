@@ -34,11 +34,6 @@ def tune() -> bool:
         return False  # a C library without mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return all(
-        mallopt(option, value)
-        for option, value in (
-            (M_ARENA_MAX, 1),
-            (M_TRIM_THRESHOLD, THRESHOLD),
-            (M_MMAP_THRESHOLD, THRESHOLD),
-        )
-    )
+    settings = ((M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, THRESHOLD), (M_MMAP_THRESHOLD, THRESHOLD))
+    taken = [mallopt(option, value) for option, value in settings]  # each, whatever the others
+    return all(taken)

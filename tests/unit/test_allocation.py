@@ -353,12 +353,16 @@ def test_the_natural_order_as_one_string_sorts_as_the_natural_key(names):
     """natural_text() (one string a name, for sorting a whole list) puts
     any names, with leading zeros, punctuation below the digits and ties
     (a01, a1), in exactly natural_key()'s order."""
-    from powerdev.resources.allocation import natural_key, natural_text
+    from powerdev.resources.allocation import natural_key, natural_sorted, natural_text
 
     assert sorted(names, key=natural_text) == sorted(names, key=natural_key)
     tricky = ["a1", "a01", "a001", "a-", "a", "a.1", "a 1", "a10", "a9", "b", "A1", "a1b", "a1-"]
     for order in (tricky, tricky[::-1], sorted(tricky)):
         assert sorted(order, key=natural_text) == sorted(order, key=natural_key)
+    # the marks natural_text uses, in a name: natural_sorted sorts by natural_key then
+    marked = [*names, "a\x01", "a\x00b", "a1"]
+    assert natural_sorted(marked) == sorted(marked, key=natural_key)
+    assert sorted(["a1", "a\x01"], key=natural_text) != sorted(["a1", "a\x01"], key=natural_key)
 
 
 def test_a_units_names_are_kept_in_order_and_one_name_is_the_device_itself():

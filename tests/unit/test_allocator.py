@@ -1,14 +1,21 @@
 """The C allocator's settings the daemon makes at start (support/allocator.py)."""
 
+import ctypes
+import os
 import platform
 import subprocess
 import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc", reason="the settings are glibc's: this C library is not"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        platform.libc_ver()[0] != "glibc", reason="the settings are glibc's: this C library is not"
+    ),
+    pytest.mark.skipif(
+        not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="mallinfo2 needs glibc 2.33 or later"
+    ),
+]
 
 # In a process of its own (the settings last for the process): free a 1 MiB
 # block, which by default raises glibc's mmap threshold above it, then ask
@@ -36,8 +43,17 @@ libc.free(block)
 
 
 def probe(how: str) -> str:
+    """In a child whose environment sets none of glibc's own malloc knobs."""
+    env = {
+        k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")
+    }
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, how], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", PROBE, how],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
     )
     return out.stdout.strip()
 

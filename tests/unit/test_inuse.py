@@ -509,6 +509,35 @@ def test_a_batch_of_events_reads_sysfs_through_one_topology(tmp_path, monkeypatc
     assert table.facts(("b", 8, 34)).kernel_name is None
 
 
+def test_a_batch_that_observes_a_new_device_twice_reads_its_own_sysfs_once(tmp_path, monkeypatch):
+    """A device a look finds, and its event reads again in the same batch:
+    its NUMA node and its condition are read from sysfs once (a survey,
+    which observes each device once, keeps nothing of them)."""
+    from powerdev.devices import condition as condition_module
+    from powerdev.devices import identity
+
+    reads = {"numa": 0, "condition": 0}
+    numa, device = identity.numa_node, condition_module._Look.device
+
+    def counted_numa(*args, **kwargs):
+        reads["numa"] += 1
+        return numa(*args, **kwargs)
+
+    def counted_condition(self, *args, **kwargs):
+        reads["condition"] += 1
+        return device(self, *args, **kwargs)
+
+    monkeypatch.setattr(identity, "numa_node", counted_numa)
+    monkeypatch.setattr(condition_module._Look, "device", counted_condition)
+    table = table_for(tmp_path)
+    key = ("b", 8, 34)
+    with table.one_look():
+        table._names[key] = "/dev/sdc2"  # as if the look had named it
+        table.facts(key)
+        table.device_changed("b", [(8, 34)])
+    assert reads == {"numa": 1, "condition": 1}
+
+
 def test_an_unreadable_mount_table_is_logged_not_fatal(tmp_path, caplog):
     sys_root = sysfs(tmp_path / "sys", TREE)
     table = DeviceTable(tmp_path, sys_root, host=HostFiles(tmp_path / "missing", None))
