@@ -8,7 +8,11 @@ views of it (`Watcher`), each with its own watches and its own queue of
 events. Two views may watch one directory: the kernel then has one watch
 whose mask is the union, and each view gets only the events it asked for.
 Nobody polls: one task at a time waits for the descriptor to be readable,
-and whoever reads it hands every event to its views.
+and whoever reads it hands every event to its views and wakes only the
+views that got some (the kubelet writes its checkpoint beside our socket at
+every admission: that wakes the watch of the plugin directory, not every
+other watch of the daemon). When the task that waits on the descriptor
+leaves, one of the others takes over.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class Inotify:
         self._inotify = INotify()
         self._masks: dict[int, dict[Watcher, int]] = {}  # wd -> view -> its mask
         self._reader: trio.CancelScope | None = None  # the task waiting for the descriptor
-        self._read = trio.Event()  # set after each read: the views may have events
+        self._reader_view: Watcher | None = None  # the view it waits for
+        self._sleeping: dict[Watcher, trio.Event] = {}  # views waiting, each woken alone
 
     def add(self, view: Watcher, path: Path, mask: int) -> int:
         wd = self._inotify.add_watch(path, mask | F.MASK_ADD)
@@ -49,49 +54,73 @@ class Inotify:
                 pass  # already gone with its directory
 
     def read_now(self) -> None:
-        """Hand every event queued now to the views that asked for it; when
-        there were none, nothing changed for anyone, and nobody is woken
-        (an Allocate asks at every call)."""
+        """Hand every event queued now to the views that asked for it, and
+        wake those views; when there were none, nothing changed for anyone,
+        and nobody is woken (an Allocate asks at every call)."""
         events = self._inotify.read(timeout=0)
         if not events:
             return
+        got: set[Watcher] = set()
         for event in events:
             if event.mask & F.Q_OVERFLOW:  # not about one watch: everyone lost events
                 for views in self._masks.values():
                     for view in views:
                         view.queue.append(event)
+                        got.add(view)
                 continue
             for view, mask in list(self._masks.get(event.wd, {}).items()):
                 if event.mask & (mask | _ALWAYS):
                     view.queue.append(event)
+                    got.add(view)
             if event.mask & F.IGNORED:  # the kernel dropped the watch
                 self._masks.pop(event.wd, None)
-        # Every waiter looks at its queue again, the one waiting for the
-        # descriptor too: what it waited for may have been read by a view's
-        # ready() in another task, and then the descriptor stays quiet.
-        if self._reader is not None:
+        for view in got:
+            woken = self._sleeping.pop(view, None)
+            if woken is not None:
+                woken.set()
+        # The view waiting on the descriptor too: its events may have been
+        # read by a view's ready() in another task, and then it stays quiet.
+        if self._reader is not None and self._reader_view in got:
             self._reader.cancel()
-        self._read.set()
-        self._read = trio.Event()
 
     async def wait_for(self, view: Watcher) -> None:
         """Return once `view` has events; one task waits on the descriptor
-        for everyone, and another takes over if it is cancelled."""
-        while not view.queue:
-            if self._reader is not None:
-                await self._read.wait()
-                continue
-            readable = False
-            try:
-                with trio.CancelScope() as self._reader:
-                    await trio.lowlevel.wait_readable(self._inotify.fileno())
-                    readable = True
-            finally:
-                self._reader = None
-                self._read.set()  # wake the others: one of them waits next
-                self._read = trio.Event()
-            if readable:
-                self.read_now()
+        for everyone, and another takes over when it leaves, for whatever
+        reason (its events came, or it was cancelled)."""
+        try:
+            while not view.queue:
+                if self._reader is None:
+                    await self._read_for(view)
+                    continue
+                woken = self._sleeping[view] = trio.Event()
+                try:
+                    await woken.wait()
+                finally:
+                    if self._sleeping.get(view) is woken:
+                        del self._sleeping[view]
+        finally:
+            if self._reader is None:
+                self._hand_over()
+
+    async def _read_for(self, view: Watcher) -> None:
+        """Wait on the descriptor for every view, then read it."""
+        readable = False
+        try:
+            with trio.CancelScope() as self._reader:
+                self._reader_view = view
+                await trio.lowlevel.wait_readable(self._inotify.fileno())
+                readable = True
+        finally:
+            self._reader = self._reader_view = None
+        if readable:
+            self.read_now()
+
+    def _hand_over(self) -> None:
+        """Nobody waits on the descriptor: one waiting view's task does next."""
+        for view, woken in self._sleeping.items():
+            del self._sleeping[view]
+            woken.set()
+            return
 
     def __enter__(self) -> Inotify:
         return self

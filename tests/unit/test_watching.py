@@ -96,3 +96,55 @@ async def test_events_another_view_read_wake_the_view_that_waits_for_the_descrip
             (two / "z").write_text("")
             assert a.ready() == []  # reads the descriptor: z is b's
         assert got == [("z", F.CREATE)]
+
+
+async def test_events_for_one_view_wake_no_other_waiter(tmp_path):
+    """The kubelet writes its checkpoint beside our socket at every
+    admission: the events go to the view watching that directory, and the
+    task waiting on another view (here the one waiting on the descriptor
+    for everyone, and one sleeping) does not run at all."""
+
+    class Steps(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.by_task: dict[str, int] = {}
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.by_task[task.name] = self.by_task.get(task.name, 0) + 1
+
+    with trio.fail_after(LIMIT), Inotify() as inotify, two_views(inotify, tmp_path) as views:
+        one, two, a, b = views
+        third = tmp_path / "three"
+        third.mkdir()
+        with Watcher(inotify) as c:
+            c.add(third, F.CREATE)
+            got = []
+            async with trio.open_nursery() as nursery:
+
+                async def quiet_a() -> None:
+                    await a.wait()
+
+                async def quiet_c() -> None:
+                    await c.wait()
+
+                async def busy_b() -> None:
+                    for _ in range(5):
+                        got.extend(names(await b.events()))
+
+                nursery.start_soon(quiet_a, name="quiet-a")  # waits on the descriptor
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(quiet_c, name="quiet-c")  # sleeps
+                nursery.start_soon(busy_b, name="busy-b")
+                await trio.testing.wait_all_tasks_blocked()
+                steps = Steps()
+                trio.lowlevel.add_instrument(steps)
+                for i in range(5):
+                    (two / f"x{i}").write_text("")
+                    await trio.testing.wait_all_tasks_blocked()
+                trio.lowlevel.remove_instrument(steps)
+                assert len(got) == 5
+                # quiet-a read the descriptor for everyone each time; quiet-c never ran
+                assert steps.by_task.get("quiet-c", 0) == 0
+                (one / "y").write_text("")  # quiet-a's own event ends it
+                (third / "z").write_text("")  # quiet-c is woken to read next, and ends
+            assert names(a.ready()) == [("y", F.CREATE)]
+            assert names(c.ready()) == [("z", F.CREATE)]
