@@ -750,9 +750,9 @@ def observe(
             host_use=use.reason_of(key) if use is not None else None,
             family=family(topology, key, same_identity),
             host_group=use.group_of(key) if use is not None else frozenset(),
-            condition=read_condition(topology, key, kernel_names[key])
-            if once_each
-            else condition(topology, key, kernel_names[key]),
+            condition=own(
+                "condition", key, partial(read_condition, topology, key, kernel_names[key])
+            ),
             no_medium=topology.once(("medium", key), partial(identity.no_medium, sys_root, number))
             if kind == "b"
             else None,

@@ -327,7 +327,7 @@ def _ranked(units: tuple[Unit, ...]) -> tuple[dict[str, int | None], dict[str, i
     # only the units with a node: get() says None for the others all the
     # same, and most nodes' devices say none (10,000 entries saved)
     numa_of = {u.id: u.numa for u in units if u.numa is not None}
-    ordered = allocation.natural_sorted(dict.fromkeys(u.id for u in units))
+    ordered = allocation.natural_sorted(u.id for u in units)  # one unit an ID
     one_node = len({u.numa for u in units}) <= 1
     return numa_of, {unit_id: i for i, unit_id in enumerate(ordered)}, one_node
 
