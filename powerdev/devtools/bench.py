@@ -289,11 +289,9 @@ async def measure_size(
         await trio.sleep(plan.idle_seconds)
         idle_ms = (cpu_ns(pid) - before) / 1e6
         results.add(f"idle CPU over {plan.idle_seconds:g} s", n, ms=round(idle_ms, 2))
-        results.add("RSS", n, mib=rss_mib(pid))
-        say(
-            f"  {n} devices: idle CPU {idle_ms:.2f} ms over {plan.idle_seconds:g} s, "
-            f"RSS {rss_mib(pid)} MiB"
-        )
+        rss = rss_mib(pid)
+        results.add("RSS", n, mib=rss)
+        say(f"  {n} devices: idle CPU {idle_ms:.2f} ms over {plan.idle_seconds:g} s, RSS {rss} MiB")
 
         if restarts:
             registered, listed = [], []
@@ -513,11 +511,11 @@ async def measure_each(n: int, plan: Plan, results: Results, say: Callable[[str]
         client.close()
         results.add("each: Allocate (two devices)", n, **spread(allocate))
         results.add("each: GetPreferredAllocation (4 of all)", n, **spread(prefer))
-        results.add("each: RSS", n, mib=rss_mib(run.daemon.pid))
+        rss = rss_mib(run.daemon.pid)
+        results.add("each: RSS", n, mib=rss)
         say(
             f"  {n} devices, each: first list {run.first_list * 1000:.0f} ms; Allocate "
-            f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}; "
-            f"RSS {rss_mib(run.daemon.pid)} MiB"
+            f"{spread(allocate)}; GetPreferredAllocation {spread(prefer)}; RSS {rss} MiB"
         )
 
 
